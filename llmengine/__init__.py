@@ -1,0 +1,1 @@
+"""llmengine: an LLM inference engine built from scratch, one measured lesson at a time."""
