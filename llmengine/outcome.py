@@ -1,0 +1,33 @@
+"""What one engine step reports: the only thing batchbench reads.
+
+A plain record, so that a benchmark, a lesson or a test can replay a run from its outcomes
+without touching the engine's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class IterationOutcome:
+    """One scheduling decision and the one forward that followed it.
+
+    `forward_tokens` counts the positions the forward computed (pad excluded): a decode row is
+    one position, a prefill row its whole length. `recomputed_tokens` is the part of that
+    which was K/V the engine had held before and threw away on preemption: every position of
+    a resumed prefill.
+    """
+
+    iteration: int
+    tokens: dict[int, int] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    rows: int = 0
+    prefill_rows: int = 0
+    forward_tokens: int = 0
+    recomputed_tokens: int = 0
+    num_slots: int = 0
+    free_blocks: int = 0
+    num_blocks: int = 0

@@ -1,0 +1,262 @@
+"""The continuous-batching scheduler: who runs in the next forward, and with which blocks.
+
+It works on integers only (block ids, slot numbers, token counts) and returns a plain
+decision, `SchedulerOutput`; the engine runs the forward and hands the sampled tokens back
+through `update`. That split is what lets every policy below be tested without a model.
+
+`schedule()` is release, then grow, then admit:
+- release: finished requests give back their blocks and slot;
+- grow: running requests, oldest first, get the block their next position needs; when the
+  pool is dry the youngest running request is preempted by recompute;
+- admit: waiting requests in arrival order, while a slot is free and the pool holds what
+  `blocks_needed_for` asks. The head of the queue blocks everyone behind it.
+
+Two policies share that loop. "reserve" (Week 8) books prompt plus the whole budget at
+admission, so growth never needs a block and nothing is ever preempted. "incremental"
+(Day 33) books only what the tokens so far need and buys a block when a sequence crosses a
+block boundary, which is why it must be able to preempt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmengine.blocks import BlockPool, blocks_for_length
+from llmengine.request import Request, RequestState
+
+POLICIES = ("incremental", "reserve")
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One request's share of the next forward."""
+
+    request: Request
+    start_position: int
+    num_positions: int
+    is_prefill: bool
+    recomputed: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens whose positions this forward computes."""
+        end = self.start_position + self.num_positions
+        return self.request.token_ids[self.start_position : end]
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The decision for one iteration: rows to compute, and who was evicted to make room."""
+
+    rows: list[ScheduledRow] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    released: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    """Requests, a block pool and a fixed number of slots, under one admission policy."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        policy: str = "incremental",
+        watermark: int = 0,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be at least 1, got {num_slots}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if not 0 <= watermark < num_blocks:
+            raise ValueError(f"watermark must be in [0, {num_blocks}), got {watermark}")
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.num_slots = num_slots
+        self.policy = policy
+        self.watermark = watermark
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_slots: deque[int] = deque(range(num_slots))
+        # Called whenever a request gives back its blocks and slot (finish, abort, preempt),
+        # at that moment, so the engine can reset what it keeps per slot before the slot is
+        # handed to someone else inside the same schedule() call.
+        self.on_release: Callable[[Request], None] | None = None
+
+    # -- the one allocation rule -------------------------------------------------------
+
+    def target_tokens(self, request: Request) -> int:
+        """The positions a request's blocks must cover before its next forward."""
+        if self.policy == "reserve":
+            return request.worst_case_tokens
+        return request.num_tokens
+
+    def blocks_needed_for(self, request: Request) -> int:
+        """Blocks a request must still acquire before its next forward.
+
+        The same rule for every state: a fresh request needs its prompt's blocks, a running one
+        0 or 1 (1 when it crosses a block boundary), a preempted one its prompt plus everything
+        it generated, since its K/V went back with its blocks.
+        """
+        needed = blocks_for_length(self.target_tokens(request), self.block_size)
+        return max(0, needed - len(request.block_table.block_ids))
+
+    # -- requests in and out -----------------------------------------------------------
+
+    def check_admissible(self, request: Request) -> None:
+        """The door check: refuse at once a request whose worst case exceeds the empty pool.
+
+        Admitting it would block the head of the queue forever, and under incremental
+        allocation it is also what guarantees that a request which has evicted everyone
+        else fits in the pool it is left alone with.
+        """
+        worst = blocks_for_length(request.worst_case_tokens, self.block_size)
+        if worst > self.pool.num_blocks - self.watermark:
+            raise ValueError(
+                f"request needs up to {worst} blocks ({request.worst_case_tokens} tokens at "
+                f"block size {self.block_size}) but the pool has {self.pool.num_blocks}"
+                + (f" with {self.watermark} kept free" if self.watermark else "")
+            )
+
+    def add(self, request: Request) -> None:
+        self.check_admissible(request)
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> None:
+        """Abort a waiting, preempted or running request; its blocks and slot go back now."""
+        if request.state == RequestState.WAITING:
+            self.waiting.remove(request)
+        elif request.state == RequestState.RUNNING:
+            self.running.remove(request)
+            self._release(request)
+        request.move_to(RequestState.ABORTED)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one iteration -----------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._release_finished(out)
+        self._grow(out)
+        self._admit(out)
+        return out
+
+    def _release_finished(self, out: SchedulerOutput) -> None:
+        for request in [r for r in self.running if r.state == RequestState.FINISHED]:
+            self.running.remove(request)
+            self._release(request)
+            out.released.append(request)
+
+    def _grow(self, out: SchedulerOutput) -> None:
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            needed = self.blocks_needed_for(request)
+            while needed > self.pool.num_free:
+                # Seniority makes this terminate: the oldest running request is never a
+                # victim, so it always finishes and frees its blocks.
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    return
+            request.block_table.extend(self.pool.allocate(needed))
+            out.rows.append(self._decode_row(request))
+            index += 1
+
+    def _admit(self, out: SchedulerOutput) -> None:
+        while self.waiting and self.free_slots:
+            request = self.waiting[0]
+            needed = self.blocks_needed_for(request)
+            if self.pool.num_free - needed < self.watermark:
+                break
+            self.waiting.popleft()
+            request.move_to(RequestState.RUNNING)
+            request.slot = self.free_slots.popleft()
+            request.block_table.extend(self.pool.allocate(needed))
+            self.running.append(request)
+            resumed = request.num_preemptions > 0
+            out.rows.append(
+                ScheduledRow(
+                    request,
+                    start_position=0,
+                    num_positions=request.num_tokens,
+                    is_prefill=True,
+                    recomputed=request.num_tokens if resumed else 0,
+                )
+            )
+
+    @staticmethod
+    def _decode_row(request: Request) -> ScheduledRow:
+        return ScheduledRow(
+            request,
+            start_position=request.num_tokens - 1,
+            num_positions=1,
+            is_prefill=False,
+            recomputed=0,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+        if self.policy == "reserve":
+            raise AssertionError("the reserve policy never runs short, so never preempts")
+        self.running.remove(request)
+        self._release(request)
+        request.move_to(RequestState.WAITING)
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.pool.free(request.block_table.release())
+        self.free_slots.append(request.slot)
+        request.slot = None
+        if self.on_release is not None:
+            self.on_release(request)
+
+    # -- after the forward -------------------------------------------------------------
+
+    def update(
+        self, out: SchedulerOutput, tokens: dict[int, int], eos_token_ids: tuple[int, ...] = ()
+    ) -> list[Request]:
+        """Record each row's sampled token; return the requests that finished with it."""
+        finished = []
+        for row in out.rows:
+            request = row.request
+            if request.state != RequestState.RUNNING:
+                continue
+            request.block_table.append(row.num_positions)
+            reason = request.append_token(tokens[request.request_id], eos_token_ids)
+            if reason is not None:
+                request.finish_reason = reason
+                request.move_to(RequestState.FINISHED)
+                finished.append(request)
+        return finished
+
+    # -- integrity ---------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Free plus held equals the pool, no block held twice, every slot accounted for.
+
+        Cheap enough to call after every step, which is what the tests do.
+        """
+        self.pool.check_integrity()
+        held = [b for r in self.running for b in r.block_table.block_ids]
+        if len(held) != len(set(held)):
+            raise AssertionError("a block is held by two requests")
+        if set(held) != self.pool.held_ids:
+            raise AssertionError("the requests' block tables and the pool disagree")
+        slots = [r.slot for r in self.running] + list(self.free_slots)
+        if sorted(slots) != list(range(self.num_slots)):
+            raise AssertionError(f"slots unaccounted for: running+free = {sorted(slots)}")
+        for request in self.waiting:
+            if request.block_table.block_ids or request.slot is not None:
+                raise AssertionError(f"waiting request {request.request_id} holds resources")
+        arrivals = [r.arrival for r in self.running]
+        if arrivals != sorted(arrivals):
+            raise AssertionError("running requests are not in seniority order")

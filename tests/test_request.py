@@ -1,0 +1,52 @@
+"""The request lifecycle: the transition table is the only authority on moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmengine.request import TRANSITIONS, IllegalTransition, Request, RequestState
+from llmengine.sampling import SamplingParams
+
+
+def make(max_tokens: int = 4, **kwargs: object) -> Request:
+    return Request(0, [1, 2, 3], SamplingParams(max_tokens=max_tokens, **kwargs), 0, 4)
+
+
+def test_legal_run_through_the_table() -> None:
+    request = make()
+    for state in (RequestState.RUNNING, RequestState.WAITING, RequestState.RUNNING):
+        request.move_to(state)
+    request.move_to(RequestState.FINISHED)
+    assert request.state == RequestState.FINISHED
+
+
+@pytest.mark.parametrize(
+    ("start", "target"),
+    [
+        (RequestState.WAITING, RequestState.FINISHED),
+        (RequestState.FINISHED, RequestState.RUNNING),
+        (RequestState.ABORTED, RequestState.WAITING),
+        (RequestState.FINISHED, RequestState.ABORTED),
+    ],
+)
+def test_illegal_moves_raise(start: RequestState, target: RequestState) -> None:
+    request = make()
+    request.state = start
+    with pytest.raises(IllegalTransition, match=f"{start.value} -> {target.value}"):
+        request.move_to(target)
+    assert request.state == start
+
+
+def test_every_state_is_in_the_table_and_terminal_states_have_no_exit() -> None:
+    assert set(TRANSITIONS) == set(RequestState)
+    assert not TRANSITIONS[RequestState.FINISHED] and not TRANSITIONS[RequestState.ABORTED]
+    assert TRANSITIONS[RequestState.RUNNING][RequestState.WAITING] == "preempt"
+
+
+def test_finish_reasons() -> None:
+    assert make(max_tokens=1).append_token(5) == "length"
+    assert make(stop_token_ids=(9,)).append_token(9) == "stop"
+    assert make().append_token(2, eos_token_ids=(2,)) == "eos"
+    assert make(ignore_eos=True).append_token(2, eos_token_ids=(2,)) is None
+    request = make()
+    assert request.append_token(5) is None and request.token_ids == [1, 2, 3, 5]

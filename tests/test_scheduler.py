@@ -1,0 +1,263 @@
+"""The scheduler over plain integers: allocation, victims, queue order, the door, the seeds.
+
+No model and no tensors: a "forward" here samples token 7 for every row. Every test calls the
+integrity check after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from llmengine.blocks import blocks_for_length
+from llmengine.request import Request, RequestState
+from llmengine.sampling import SamplingParams
+from llmengine.scheduler import Scheduler
+
+
+def make_request(request_id: int, prompt_len: int, max_tokens: int, block_size: int) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(request_id, [1] * prompt_len, params, arrival=request_id, block_size=block_size)
+
+
+@dataclass
+class Run:
+    iterations: int
+    tokens: int
+    preemptions: int
+    recomputed: int
+    forward_tokens: int
+    latency: dict[int, int]
+    evictions: dict[int, int]
+
+
+def drive(scheduler: Scheduler, requests: list[Request]) -> Run:
+    """Run the scheduler to completion, one fake forward per iteration."""
+    for request in requests:
+        scheduler.add(request)
+    run = Run(0, 0, 0, 0, 0, {}, {r.request_id: 0 for r in requests})
+    while scheduler.has_unfinished():
+        out = scheduler.schedule()
+        scheduler.check_integrity()
+        for victim in out.preempted:
+            run.evictions[victim.request_id] += 1
+        run.preemptions += len(out.preempted)
+        if not out.rows:
+            continue
+        run.iterations += 1
+        run.recomputed += sum(row.recomputed for row in out.rows)
+        run.forward_tokens += sum(row.num_positions for row in out.rows)
+        run.tokens += len(out.rows)
+        finished = scheduler.update(out, {row.request.request_id: 7 for row in out.rows})
+        for request in finished:
+            run.latency[request.request_id] = run.iterations
+        scheduler.check_integrity()
+    assert scheduler.pool.num_free == scheduler.pool.num_blocks
+    assert len(scheduler.free_slots) == scheduler.num_slots
+    return run
+
+
+def uniform_burst(n: int, prompt_len: int, max_tokens: int, block_size: int) -> list[Request]:
+    return [make_request(i, prompt_len, max_tokens, block_size) for i in range(n)]
+
+
+# -- the rounding rule and the pool ------------------------------------------------------
+
+
+def test_blocks_for_length_rounds_up() -> None:
+    assert [blocks_for_length(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    with pytest.raises(ValueError):
+        blocks_for_length(3, 0)
+
+
+# -- allocation per state ----------------------------------------------------------------
+
+
+def test_fresh_request_needs_its_prompts_blocks() -> None:
+    scheduler = Scheduler(num_blocks=16, block_size=4, num_slots=2)
+    assert scheduler.blocks_needed_for(make_request(0, 9, 8, 4)) == 3
+
+
+def test_running_request_needs_a_block_only_when_crossing_a_boundary() -> None:
+    scheduler = Scheduler(num_blocks=16, block_size=4, num_slots=1)
+    request = make_request(0, 4, 8, 4)
+    scheduler.add(request)
+    needs = []
+    for _ in range(6):
+        out = scheduler.schedule()
+        needs.append(len(request.block_table.block_ids))
+        scheduler.update(out, {0: 7})
+    # Prompt of 4 fills one block; the first generated token's position (4) needs a second.
+    assert needs == [1, 2, 2, 2, 2, 3]
+
+
+def test_preempted_request_needs_prompt_plus_generated() -> None:
+    scheduler = Scheduler(num_blocks=16, block_size=4, num_slots=1)
+    request = make_request(0, 5, 20, 4)
+    scheduler.add(request)
+    for _ in range(6):
+        scheduler.update(scheduler.schedule(), {0: 7})
+    scheduler._preempt(request)
+    assert request.output_token_ids == [7] * 6
+    assert scheduler.blocks_needed_for(request) == blocks_for_length(11, 4)
+
+
+def test_reserve_policy_books_the_worst_case() -> None:
+    scheduler = Scheduler(num_blocks=16, block_size=4, num_slots=1, policy="reserve")
+    assert scheduler.blocks_needed_for(make_request(0, 5, 24, 4)) == 8
+
+
+# -- victims and the queue ---------------------------------------------------------------
+
+
+def test_victim_is_the_youngest_running_request() -> None:
+    scheduler = Scheduler(num_blocks=6, block_size=4, num_slots=3)
+    requests = uniform_burst(3, 8, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    scheduler.update(scheduler.schedule(), {0: 7, 1: 7, 2: 7})
+    out = scheduler.schedule()
+    # Each now needs a third block; the pool is dry, so the youngest goes first.
+    assert [r.request_id for r in out.preempted] == [2]
+    assert [r.request_id for r in scheduler.running] == [0, 1]
+    assert scheduler.waiting[0] is requests[2]
+    assert requests[2].output_token_ids == [7]
+    scheduler.check_integrity()
+
+
+def test_queue_order_after_several_preemptions() -> None:
+    scheduler = Scheduler(num_blocks=7, block_size=4, num_slots=4)
+    requests = uniform_burst(5, 4, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    scheduler.update(scheduler.schedule(), {i: 7 for i in range(4)})
+    out = scheduler.schedule()
+    # Four rows want a second block with three free: r3 is evicted, then r2 to serve r1...
+    assert [r.request_id for r in out.preempted] == [3]
+    assert [r.request_id for r in scheduler.waiting] == [3, 4]
+    scheduler.update(out, {r.request.request_id: 7 for r in out.rows})
+    scheduler.check_integrity()
+
+
+def test_a_request_with_nobody_younger_is_its_own_victim() -> None:
+    scheduler = Scheduler(num_blocks=3, block_size=4, num_slots=2)
+    older, younger = make_request(0, 6, 2, 4), make_request(1, 4, 8, 4)
+    scheduler.add(older)
+    scheduler.add(younger)
+    scheduler.update(scheduler.schedule(), {0: 7, 1: 7})
+    out = scheduler.schedule()
+    # The older one still fits its 7 tokens in 2 blocks; the younger one crosses into a
+    # second block with the pool dry, and nobody is younger than itself.
+    assert out.preempted == [younger]
+    assert [row.request for row in out.rows] == [older]
+    assert younger.state == RequestState.WAITING and scheduler.waiting[0] is younger
+    scheduler.check_integrity()
+
+
+def test_head_of_line_blocking() -> None:
+    scheduler = Scheduler(num_blocks=5, block_size=4, num_slots=3)
+    blocker, big, small = (
+        make_request(0, 8, 4, 4),
+        make_request(1, 16, 4, 4),
+        make_request(2, 4, 4, 4),
+    )
+    scheduler.add(blocker)
+    scheduler.update(scheduler.schedule(), {0: 7})
+    scheduler.add(big)
+    scheduler.add(small)
+    out = scheduler.schedule()
+    # The big one does not fit next to the blocker; the small one waits behind it anyway.
+    assert out.rows[0].request is blocker and len(out.rows) == 1
+    assert list(scheduler.waiting) == [big, small]
+
+
+def test_door_check_refuses_a_worst_case_beyond_the_empty_pool() -> None:
+    scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=2)
+    with pytest.raises(ValueError, match="pool has 8"):
+        scheduler.add(make_request(0, 5, 28, 4))
+    assert not scheduler.waiting
+    scheduler.add(make_request(1, 5, 27, 4))
+
+
+def test_reserve_never_preempts() -> None:
+    scheduler = Scheduler(num_blocks=12, block_size=4, num_slots=4, policy="reserve")
+    run = drive(scheduler, uniform_burst(4, 5, 24, 4))
+    assert run.preemptions == 0 and run.recomputed == 0
+
+
+def test_watermark_keeps_blocks_free_at_admission() -> None:
+    scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=4, watermark=3)
+    for request in uniform_burst(4, 8, 2, 4):
+        scheduler.add(request)
+    out = scheduler.schedule()
+    assert len(out.rows) == 2 and scheduler.pool.num_free == 4
+
+
+# -- abort --------------------------------------------------------------------------------
+
+
+def test_abort_waiting_running_and_preempted() -> None:
+    scheduler = Scheduler(num_blocks=3, block_size=4, num_slots=2)
+    a, b, c = (make_request(i, 4, 8, 4) for i in range(3))
+    for request in (a, b, c):
+        scheduler.add(request)
+    scheduler.update(scheduler.schedule(), {0: 7, 1: 7})
+    scheduler.abort(c)  # waiting
+    assert c.state == RequestState.ABORTED and c not in scheduler.waiting
+    scheduler.schedule()  # both need a second block, one is free: b is its own victim
+    assert b.state == RequestState.WAITING and b.num_preemptions == 1
+    scheduler.abort(b)  # preempted
+    scheduler.abort(a)  # running
+    scheduler.check_integrity()
+    assert scheduler.pool.num_free == 3 and not scheduler.has_unfinished()
+    with pytest.raises(ValueError):
+        scheduler.abort(a)
+
+
+# -- the seeds' tables, over integers -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool_tokens", "policy", "iterations", "preemptions", "recomputed"),
+    [
+        (48, "reserve", 96, 0, 0),
+        (48, "incremental", 44, 3, 55),
+        (96, "reserve", 48, 0, 0),
+        (96, "incremental", 28, 1, 25),
+        (128, "reserve", 24, 0, 0),
+        (128, "incremental", 24, 0, 0),
+    ],
+)
+def test_day33_table(
+    pool_tokens: int, policy: str, iterations: int, preemptions: int, recomputed: int
+) -> None:
+    scheduler = Scheduler(num_blocks=pool_tokens // 4, block_size=4, num_slots=4, policy=policy)
+    run = drive(scheduler, uniform_burst(4, 5, 24, 4))
+    assert (run.iterations, run.preemptions, run.recomputed) == (
+        iterations,
+        preemptions,
+        recomputed,
+    )
+    assert run.tokens == 96
+
+
+def test_day34_staircase_at_12_blocks() -> None:
+    scheduler = Scheduler(num_blocks=12, block_size=4, num_slots=6)
+    run = drive(scheduler, uniform_burst(6, 5, 24, 4))
+    assert [run.latency[i] for i in range(6)] == [24, 28, 36, 44, 56, 64]
+    assert run.evictions[5] == 3
+    assert (run.forward_tokens, run.recomputed, run.preemptions) == (268, 107, 7)
+
+
+def test_day29_shape_needs_31_blocks_reserved_and_16_incremental() -> None:
+    def requests() -> list[Request]:
+        return [make_request(i, 5, 32 if i == 7 else 4, 4) for i in range(8)]
+
+    def all_admitted_at_once(num_blocks: int, policy: str) -> bool:
+        scheduler = Scheduler(num_blocks=num_blocks, block_size=4, num_slots=8, policy=policy)
+        run = drive(scheduler, requests())
+        return run.preemptions == 0 and run.iterations == 32
+
+    assert all_admitted_at_once(31, "reserve") and not all_admitted_at_once(30, "reserve")
+    assert all_admitted_at_once(16, "incremental") and not all_admitted_at_once(15, "incremental")
