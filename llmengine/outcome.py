@@ -17,6 +17,11 @@ class IterationOutcome:
     one position, a prefill row its whole length. `recomputed_tokens` is the part of that
     which was K/V the engine had held before and threw away on preemption: every position of
     a resumed prefill.
+
+    The pool fields describe the cache after the step: `held_blocks` are booked by some
+    request, `needed_blocks` are what the K/V actually written (`kv_tokens` positions) fills,
+    so held - needed is reservation waste and needed * block_size - kv_tokens is the unfilled
+    tail of last blocks (fragmentation).
     """
 
     iteration: int
@@ -31,3 +36,7 @@ class IterationOutcome:
     num_slots: int = 0
     free_blocks: int = 0
     num_blocks: int = 0
+    block_size: int = 0
+    held_blocks: int = 0
+    needed_blocks: int = 0
+    kv_tokens: int = 0
