@@ -1,0 +1,186 @@
+"""Llama, one small piece per class, written to be read top to bottom.
+
+The model computes hidden states for the positions it is given and knows nothing about
+caches: attention over earlier positions is delegated to an `AttentionHook`. With no
+hook, every call is a plain causal forward over the tokens passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmengine.config import LlamaConfig
+from llmengine.rope import RotaryEmbedding, apply_rotary
+
+
+class AttentionHook(Protocol):
+    """Where a cache plugs in: it stores the new K/V and attends over everything it holds.
+
+    `q` is `[B, S, num_heads, head_dim]`, `k` and `v` are `[B, S, num_kv_heads, head_dim]`
+    for the new positions only, rotary already applied. Returns `[B, S, num_heads, head_dim]`.
+    """
+
+    def attend(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+def grouped_query_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """Scaled dot-product attention in the `[B, S, heads, head_dim]` layout.
+
+    K/V may have fewer heads than Q (grouped-query attention): each K/V head serves
+    `num_heads / num_kv_heads` query heads. `mask` is boolean, True where a query
+    may see a key, broadcastable to `[B, heads, S_q, S_k]`.
+    """
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=is_causal,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned per-channel weight."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Project to queries, keys and values, rotate by position, attend, project back."""
+
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: AttentionHook | None,
+    ) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if attention is None:
+            out = grouped_query_attention(q, k, v, is_causal=True)
+        else:
+            out = attention.attend(self.layer_index, q, k, v)
+        return self.o_proj(out.reshape(batch, seq, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: a SiLU-gated linear unit, `down(silu(gate(x)) * up(x))`."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LlamaConfig, layer_index: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: AttentionHook | None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """Token ids in, next-token logits out.
+
+    Parameter names match the Hugging Face checkpoint's with the `model.` prefix dropped.
+    With `tie_word_embeddings` there is no `lm_head`: the embedding matrix is reused.
+    """
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, index) for index in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Plain causal forward, no cache: `[B, S]` token ids to `[B, S, vocab]` logits."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        positions = positions.expand_as(input_ids)
+        return self.compute_logits(self.forward_hidden(input_ids, positions))
+
+    def forward_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionHook | None = None,
+    ) -> torch.Tensor:
+        """Final normed hidden states `[B, S, hidden]` for tokens at the given positions.
+
+        `positions` `[B, S]` drives the rotary angles, so each row may start anywhere.
+        `attention` decides what the new queries see; None means causal over `input_ids`.
+        """
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attention)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Project hidden states to vocabulary logits (only where the caller needs them)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
