@@ -1,0 +1,149 @@
+"""Load a Hugging Face Llama checkpoint (safetensors, single file or sharded) into `Llama`.
+
+The model is built on the meta device (shapes, no memory), every tensor name and shape
+in the checkpoint is checked against it, and only then are the tensors read and
+assigned. A broken checkpoint therefore raises before anything is half-loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from llmengine.config import DTYPES, LlamaConfig
+from llmengine.model import Llama
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed from the config, never loaded
+
+
+def embedded_model_path() -> Path:
+    """The folder of the small model shipped inside the package (`path=None` loads it)."""
+    return Path(__file__).parent / "data" / "tiny-shakespeare"
+
+
+def model_folder(path: str | Path | None) -> Path:
+    """The checkpoint folder for `path` (the embedded model when None); it must exist."""
+    folder = embedded_model_path() if path is None else Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder does not exist: {folder}")
+    return folder
+
+
+def load_model(
+    path: str | Path | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str | torch.device = "cpu",
+) -> Llama:
+    """Load a Llama checkpoint folder, in eval mode with gradients off.
+
+    `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
+    or its name ("float32", "bfloat16", "float16").
+    """
+    folder = model_folder(path)
+    config = LlamaConfig.from_file(folder / "config.json")
+    target_dtype = resolve_dtype(dtype, config)
+    with torch.device("meta"):
+        model = Llama(config)
+    expected = {checkpoint_name(name): p.shape for name, p in model.named_parameters()}
+    tensors = read_checked_tensors(folder, expected, ignore_lm_head=config.tie_word_embeddings)
+    state = {
+        name: tensors[checkpoint_name(name)].to(target_dtype)
+        for name, _ in model.named_parameters()
+    }
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, config: LlamaConfig) -> torch.dtype:
+    """Turn the `dtype` argument of `load_model` into a torch dtype."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return config.dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (use one of {sorted(DTYPES)} or 'auto')")
+    return DTYPES[dtype]
+
+
+def checkpoint_name(parameter_name: str) -> str:
+    """Hugging Face keeps the decoder under `model.`; only `lm_head` sits at the top."""
+    if parameter_name.startswith("lm_head."):
+        return parameter_name
+    return f"model.{parameter_name}"
+
+
+def tensor_locations(folder: Path) -> tuple[Path, dict[str, Path]]:
+    """Return (the file that lists the tensors, tensor name -> safetensors file holding it)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return index, {name: folder / file for name, file in weight_map.items()}
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        with safe_open(single, framework="pt") as handle:
+            return single, dict.fromkeys(handle.keys(), single)
+    raise ValueError(f"{folder}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def read_checked_tensors(
+    folder: Path, expected: dict[str, torch.Size], *, ignore_lm_head: bool
+) -> dict[str, torch.Tensor]:
+    """Check every expected tensor's name and shape across all files, then read them."""
+    listing, locations = tensor_locations(folder)
+    check_names(listing, locations, expected, ignore_lm_head=ignore_lm_head)
+    by_file: dict[Path, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(locations[name], []).append(name)
+    for file, names in by_file.items():
+        check_shapes(listing, file, {name: expected[name] for name in names})
+    tensors = {}
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in names})
+    return tensors
+
+
+def check_names(
+    listing: Path,
+    locations: dict[str, Path],
+    expected: dict[str, torch.Size],
+    *,
+    ignore_lm_head: bool,
+) -> None:
+    """Every expected tensor must be listed; extra ones mean config and weights disagree.
+
+    Tolerated extras: rotary caches, and a stored `lm_head.weight` for a tied model.
+    """
+    for name in expected:
+        if name not in locations:
+            raise ValueError(f"{listing}: missing tensor {name!r}")
+    for name, file in locations.items():
+        ignorable = name.endswith(IGNORED_SUFFIXES) or (ignore_lm_head and name == "lm_head.weight")
+        if name not in expected and not ignorable:
+            raise ValueError(f"{file}: unexpected tensor {name!r} (does config.json match?)")
+
+
+def check_shapes(listing: Path, file: Path, expected: dict[str, torch.Size]) -> None:
+    """Read only the headers of `file` and compare each tensor's shape with the model's."""
+    if not file.is_file():
+        raise ValueError(f"{listing}: lists {file.name}, which does not exist")
+    with safe_open(file, framework="pt") as handle:
+        stored = set(handle.keys())
+        for name, shape in expected.items():
+            if name not in stored:
+                raise ValueError(f"{file}: missing tensor {name!r}")
+            found = torch.Size(handle.get_slice(name).get_shape())
+            if found != shape:
+                raise ValueError(
+                    f"{file}: tensor {name!r} has shape {tuple(found)}, "
+                    f"config.json implies {tuple(shape)}"
+                )
