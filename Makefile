@@ -1,0 +1,50 @@
+# Two commands do everything on a fresh clone: `make reports` and `make test`.
+# Both create the virtual environment on first use (and again when pyproject.toml changes).
+
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LESSONS := $(sort $(wildcard lessons/*.ipynb))
+CELL_TIMEOUT := 900
+
+# Notebook kernels and tools come from the venv; hashing is fixed so lessons repeat exactly.
+export PATH := $(abspath $(BIN)):$(PATH)
+export JUPYTER_PREFER_ENV_PATH := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: reports test lint format model
+
+# torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[dev]'
+	touch $@
+
+# Execute every lesson in place, in name order, writing figures/ and reports/; then
+# strip run-to-run noise from the notebooks so the committed diff is only what changed.
+reports: $(STAMP)
+	@for notebook in $(LESSONS); do \
+		echo "executing $$notebook"; \
+		env -u LLMENGINE_ARTIFACTS $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+			--ExecutePreprocessor.kernel_name=python3 \
+			--ExecutePreprocessor.timeout=$(CELL_TIMEOUT) "$$notebook" || exit 1; \
+	done
+	$(BIN)/python scripts/normalize_notebooks.py $(LESSONS)
+
+# Lint, unit tests, then every lesson executed into a temporary folder and its tables
+# compared with the committed reports/ (no file in the repository changes).
+test: lint $(STAMP)
+	$(BIN)/pytest tests
+	$(BIN)/python scripts/check_lessons.py --timeout $(CELL_TIMEOUT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+model: $(STAMP)
+	$(BIN)/python scripts/train_embedded_model.py
