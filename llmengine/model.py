@@ -54,6 +54,17 @@ def grouped_query_attention(
     return out.transpose(1, 2)
 
 
+def causal_mask(query_positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Which cached keys each query may see: key position p is visible from position q if p <= q.
+
+    `query_positions` is `[B, S]`; keys are positions `0 .. num_keys-1` of each row. Returns a
+    boolean mask `[B, 1, S, num_keys]` (the 1 broadcasts over heads) for
+    `grouped_query_attention`.
+    """
+    key_positions = torch.arange(num_keys, device=query_positions.device)
+    return (key_positions <= query_positions[..., None])[:, None]
+
+
 class RMSNorm(nn.Module):
     """Scale each vector to unit root-mean-square, then by a learned per-channel weight."""
 
