@@ -1,0 +1,150 @@
+"""The paged KV cache: K/V live in fixed-size blocks, found through each row's block table.
+
+Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as slots
+`block_id * block_size + offset`. A sequence owns any blocks, in any order; position p lives
+in slot `block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
+of different lengths (prefills and decodes together): the new tokens are padded into one
+batch, written into their slots, and every query reads its row's K/V back by gathering slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmengine.blocks import blocks_for_length
+from llmengine.config import LlamaConfig
+from llmengine.model import Llama, causal_mask, grouped_query_attention
+
+
+@dataclass(slots=True)
+class PagedRow:
+    """One sequence's share of a forward."""
+
+    token_ids: list[int]  # tokens of the positions computed now
+    start_position: int  # position of token_ids[0]; K/V of earlier positions is already cached
+    block_ids: list[int]  # the block table, covering start_position + len(token_ids) positions
+
+
+class PagedKVCache:
+    """Per layer K/V storage `[num_blocks, block_size, kv_heads, head_dim]`, zero-filled.
+
+    Zeros, not `torch.empty`: a masked-out slot still enters attention as `0 * value`, and
+    uninitialised memory could hold NaN, which survives that multiplication.
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        self.keys = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys[0].device
+
+    def write(
+        self, layer_index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Store `k`, `v` `[N, kv_heads, head_dim]` at flat slots `[N]`."""
+        self.keys[layer_index].flatten(0, 1)[slots] = k
+        self.values[layer_index].flatten(0, 1)[slots] = v
+
+    def gather(self, layer_index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at flat slots of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
+        return (
+            self.keys[layer_index].flatten(0, 1)[slots],
+            self.values[layer_index].flatten(0, 1)[slots],
+        )
+
+
+class PagedAttention:
+    """The `AttentionHook` of one paged forward; its index tensors are built once for all layers.
+
+    The new tokens form a padded batch `[B, S]`. A pad query is given its row's last real
+    position, so it sees only real keys (no NaN from an all-masked row), and it is never
+    written to the cache.
+    """
+
+    def __init__(self, cache: PagedKVCache, rows: list[PagedRow]) -> None:
+        device, block_size = cache.device, cache.block_size
+        new_lengths = torch.tensor([len(row.token_ids) for row in rows], device=device)
+        starts = torch.tensor([row.start_position for row in rows], device=device)
+        ends = starts + new_lengths
+        offsets = torch.arange(int(new_lengths.max()), device=device)
+        table = block_table_tensor(rows, block_size, device)
+
+        self.cache = cache
+        self.is_new = offsets < new_lengths[:, None]
+        self.positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
+        self.write_slots = slots_of(table, self.positions, block_size)[self.is_new]
+        key_positions = torch.arange(int(ends.max()), device=device).expand(len(rows), -1)
+        self.read_slots = slots_of(table, key_positions, block_size)
+        self.mask = causal_mask(self.positions, int(ends.max()))
+
+    def attend(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        self.cache.write(layer_index, self.write_slots, k[self.is_new], v[self.is_new])
+        keys, values = self.cache.gather(layer_index, self.read_slots)
+        return grouped_query_attention(q, keys, values, mask=self.mask)
+
+
+def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.device) -> torch.Tensor:
+    """The rows' block tables as one `[B, max_blocks]` tensor, each cut to what its row uses.
+
+    Short tables are padded with block 0; those entries are only read at masked positions.
+    """
+    tables = []
+    for row in rows:
+        if not row.token_ids:
+            raise ValueError("every row needs at least one new token")
+        needed = blocks_for_length(row.start_position + len(row.token_ids), block_size)
+        if needed > len(row.block_ids):
+            raise ValueError(
+                f"row needs {needed} blocks for {row.start_position} cached + "
+                f"{len(row.token_ids)} new positions, its table has {len(row.block_ids)}"
+            )
+        tables.append(row.block_ids[:needed])
+    width = max(len(table) for table in tables)
+    padded = [table + [0] * (width - len(table)) for table in tables]
+    return torch.tensor(padded, dtype=torch.long, device=device)
+
+
+def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat slot of each position `[B, N]`: its block from the row's table, plus the offset."""
+    return table.gather(1, positions // block_size) * block_size + positions % block_size
+
+
+def paged_forward(model: Llama, cache: PagedKVCache, rows: list[PagedRow]) -> torch.Tensor:
+    """One forward over rows of any lengths; logits `[len(rows), vocab]` at each last new position.
+
+    Computes `positions_computed(rows)` positions (pad excluded) and leaves their K/V in the
+    cache, so the next call for a row starts at `start_position + len(token_ids)`.
+    """
+    if not rows:
+        raise ValueError("paged_forward needs at least one row")
+    attention = PagedAttention(cache, rows)
+    input_ids = torch.zeros(attention.is_new.shape, dtype=torch.long, device=cache.device)
+    input_ids[attention.is_new] = torch.tensor(
+        [token for row in rows for token in row.token_ids], device=cache.device
+    )
+    hidden = model.forward_hidden(input_ids, attention.positions, attention)
+    last = attention.is_new.sum(dim=1) - 1
+    return model.compute_logits(hidden[torch.arange(len(rows), device=cache.device), last])
+
+
+def positions_computed(rows: list[PagedRow]) -> int:
+    """Positions a `paged_forward` over `rows` computes: the new tokens, pad excluded."""
+    return sum(len(row.token_ids) for row in rows)
