@@ -1,10 +1,15 @@
 """llmengine: an LLM inference engine built from scratch, one measured lesson at a time."""
 
 from llmengine.config import LlamaConfig as LlamaConfig
+from llmengine.contiguous_cache import ContiguousKVCache as ContiguousKVCache
+from llmengine.contiguous_cache import contiguous_forward as contiguous_forward
 from llmengine.generation import generate_tokens as generate_tokens
 from llmengine.loader import embedded_model_path as embedded_model_path
 from llmengine.loader import load_model as load_model
 from llmengine.model import AttentionHook as AttentionHook
 from llmengine.model import Llama as Llama
+from llmengine.paged_cache import PagedKVCache as PagedKVCache
+from llmengine.paged_cache import PagedRow as PagedRow
+from llmengine.paged_cache import paged_forward as paged_forward
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.tokenizer import load_tokenizer as load_tokenizer
