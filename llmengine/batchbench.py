@@ -1,0 +1,171 @@
+"""batchbench: feed a workload to an engine, record every step, and compare pool sizes.
+
+`run_workload` adds each request when its arrival comes due, steps the engine until nothing
+is left, and records each `IterationOutcome` with the clock's time. Everything it reports is
+read from those outcomes (the generated tokens included), never from the engine's insides,
+so `ContinuousTiming` is computed from exactly what a step told the world.
+
+`sweep_pool_sizes` runs one workload through a fresh engine per pool size and refuses to
+return timings if any pool generated different text: a surcharge measured on a run that
+produced something else is the price of a bug, not of a small pool.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from llmengine.clocks import Clock, IterationClock
+from llmengine.outcome import IterationOutcome
+from llmengine.timing import Arrival, ContinuousTiming
+from llmengine.workloads import RequestSpec
+
+if TYPE_CHECKING:
+    from llmengine.model import Llama
+    from llmengine.sampling import SamplingParams
+
+
+class SteppedEngine(Protocol):
+    """What the runner needs from an engine: requests in, one step at a time, outcomes out."""
+
+    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int: ...
+
+    def step(self) -> IterationOutcome: ...
+
+    def has_unfinished(self) -> bool: ...
+
+
+class DivergentOutputError(RuntimeError):
+    """Two pools generated different tokens for the same workload: an engine bug."""
+
+
+@dataclass(slots=True)
+class WorkloadRun:
+    """One workload through one engine: each step's outcome and the clock after it.
+
+    `request_ids[i]` is the engine's id for the workload's i-th request and `outputs[i]` the
+    tokens it generated, collected from the outcomes.
+    """
+
+    outcomes: list[IterationOutcome]
+    times: list[float]
+    arrivals: dict[int, Arrival]
+    request_ids: list[int]
+    outputs: list[list[int]]
+
+    def timing(self) -> ContinuousTiming:
+        return ContinuousTiming.from_outcomes(
+            self.outcomes, times=self.times, arrivals=self.arrivals
+        )
+
+
+def run_workload(
+    engine: SteppedEngine, workload: Sequence[RequestSpec], *, clock: Clock | None = None
+) -> WorkloadRun:
+    """Run `workload` to completion on `engine` (default clock: one unit per forward).
+
+    Before every step, each request whose arrival has come is added; an idle engine waits
+    for the next arrival. A request's arrival time is its spec's, not the moment the runner
+    got round to adding it, so time spent waiting for a step boundary counts as latency.
+    """
+    clock = IterationClock() if clock is None else clock
+    clock.start()
+    due = deque(sorted(range(len(workload)), key=lambda index: workload[index].arrival))
+    request_ids = [-1] * len(workload)
+    run = WorkloadRun([], [], {}, request_ids, [])
+    forwards = 0
+    while due or engine.has_unfinished():
+        if not engine.has_unfinished() and workload[due[0]].arrival > clock.now():
+            clock.wait_until(workload[due[0]].arrival)
+        while due and workload[due[0]].arrival <= clock.now():
+            index = due.popleft()
+            spec = workload[index]
+            request_ids[index] = engine.add_request(list(spec.prompt_token_ids), spec.params)
+            run.arrivals[request_ids[index]] = Arrival(iteration=forwards, time=spec.arrival)
+        outcome = engine.step()
+        if outcome.rows:
+            forwards += 1
+            clock.tick()
+        run.outcomes.append(outcome)
+        run.times.append(clock.now())
+    generated: dict[int, list[int]] = {request_id: [] for request_id in request_ids}
+    for outcome in run.outcomes:
+        for request_id, token in outcome.tokens.items():
+            generated[request_id].append(token)
+    run.outputs = [generated[request_id] for request_id in request_ids]
+    return run
+
+
+@dataclass(slots=True)
+class PoolResult:
+    """One pool size's run of the sweep: the recording, its timing, the tokens per request."""
+
+    pool_blocks: int
+    run: WorkloadRun
+    timing: ContinuousTiming
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        """Generated tokens per request, in workload order."""
+        return self.run.outputs
+
+    @property
+    def latencies_iterations(self) -> list[int]:
+        """Each request's latency in iterations, in workload order."""
+        return [self.timing.latencies_iterations[rid] for rid in self.run.request_ids]
+
+
+def sweep_pool_sizes(
+    model: Llama,
+    workload: Sequence[RequestSpec],
+    pools: Iterable[int],
+    *,
+    block_size: int,
+    num_slots: int,
+    policy: str = "incremental",
+    clock: Clock | None = None,
+    progress: bool = False,
+) -> list[PoolResult]:
+    """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
+
+    Raises `DivergentOutputError` when any pool's tokens differ from the first pool's, and
+    ValueError (naming the pool) when a pool cannot take the workload at all.
+    """
+    from tqdm.auto import tqdm
+
+    from llmengine.engine import Engine
+
+    results = []
+    for pool_blocks in tqdm(list(pools), desc="pools", unit="pool", disable=not progress):
+        engine = Engine(
+            model,
+            num_blocks=pool_blocks,
+            block_size=block_size,
+            num_slots=num_slots,
+            policy=policy,
+        )
+        try:
+            run = run_workload(engine, workload, clock=clock)
+        except ValueError as error:
+            raise ValueError(f"pool of {pool_blocks} blocks: {error}") from error
+        results.append(PoolResult(pool_blocks, run, run.timing()))
+    check_same_outputs(results)
+    return results
+
+
+def check_same_outputs(results: Sequence[PoolResult]) -> None:
+    """Raise `DivergentOutputError` at the first request whose tokens differ from pool one's."""
+    if not results:
+        return
+    reference = results[0]
+    for result in results[1:]:
+        for index, (expected, got) in enumerate(
+            zip(reference.outputs, result.outputs, strict=True)
+        ):
+            if expected != got:
+                raise DivergentOutputError(
+                    f"request {index} generated different tokens with {result.pool_blocks} "
+                    f"blocks than with {reference.pool_blocks}: {got} vs {expected}"
+                )

@@ -1,0 +1,100 @@
+"""How `llmengine bench` prints a pool sweep: one summary per pool, as JSON, CSV or a table.
+
+The summary's keys are the contract's JSON fields; the table and the CSV are views of the
+same dictionaries, so the three formats can never disagree about a number.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from llmengine.batchbench import PoolResult
+
+
+def pool_summary(result: PoolResult, *, same_text: bool) -> dict[str, Any]:
+    """One pool as the JSON object `llmengine bench --format json` prints."""
+    timing = result.timing
+    latencies = result.latencies_iterations
+    return {
+        "pool_blocks": result.pool_blocks,
+        "iterations": timing.iterations,
+        "tokens": timing.total_tokens,
+        "occupancy": timing.occupancy,
+        "preemptions": timing.preemptions,
+        "evictions_per_request": timing.preemptions_per_request,
+        "forward_tokens": timing.total_forward_tokens,
+        "recomputed_tokens": timing.total_recomputed_tokens,
+        "recompute_fraction": timing.recompute_fraction,
+        "tokens_per_eviction": timing.tokens_per_eviction,
+        "preemption_latency_penalty": timing.preemption_latency_penalty,
+        "mean_latency_iterations": sum(latencies) / len(latencies),
+        "latencies_iterations": latencies,
+        "reservation_waste": timing.reservation_waste,
+        "fragmentation_waste": timing.fragmentation_waste,
+        "same_text": same_text,
+    }
+
+
+def sweep_summary(results: Sequence[PoolResult]) -> list[dict[str, Any]]:
+    """Every pool's summary; `same_text` says every pool generated the first pool's tokens."""
+    same_text = all(result.outputs == results[0].outputs for result in results)
+    return [pool_summary(result, same_text=same_text) for result in results]
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+# (header, summary key, how to print it), in table order.
+TABLE_COLUMNS: list[tuple[str, str, Any]] = [
+    ("pool", "pool_blocks", str),
+    ("iterations", "iterations", str),
+    ("occupancy", "occupancy", lambda v: f"{v:.3f}"),
+    ("preemptions", "preemptions", str),
+    ("evictions/req", "evictions_per_request", lambda v: f"{v:.2f}"),
+    ("forward", "forward_tokens", str),
+    ("recomputed", "recomputed_tokens", str),
+    ("recompute", "recompute_fraction", lambda v: f"{v:.1%}"),
+    ("tokens/eviction", "tokens_per_eviction", lambda v: _number(v, 1)),
+    ("victim latency", "preemption_latency_penalty", _ratio),
+    ("mean latency", "mean_latency_iterations", lambda v: f"{v:.1f}"),
+    ("max latency", "latencies_iterations", lambda v: str(max(v))),
+]
+
+
+def format_table(summaries: Sequence[dict[str, Any]]) -> str:
+    """The sweep as an aligned text table, one row per pool, numbers right-aligned."""
+    cells = [[header for header, _, _ in TABLE_COLUMNS]]
+    cells += [[show(summary[key]) for _, key, show in TABLE_COLUMNS] for summary in summaries]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(TABLE_COLUMNS))]
+    lines = [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
+    if summaries:
+        same = all(summary["same_text"] for summary in summaries)
+        lines.append(f"same text in every pool: {'yes' if same else 'NO'}")
+    return "\n".join(lines)
+
+
+def format_csv(summaries: Sequence[dict[str, Any]]) -> str:
+    """The sweep as CSV with the JSON's fields; latencies joined by spaces, None left empty."""
+    buffer = io.StringIO()
+    if summaries:
+        writer = csv.DictWriter(buffer, fieldnames=list(summaries[0]), lineterminator="\n")
+        writer.writeheader()
+        for summary in summaries:
+            writer.writerow(
+                {
+                    key: " ".join(map(str, value)) if isinstance(value, list) else value
+                    for key, value in summary.items()
+                }
+            )
+    return buffer.getvalue()

@@ -1,0 +1,272 @@
+"""What a run of the engine cost, computed from its `IterationOutcome` stream and nothing else.
+
+`ContinuousTiming.from_outcomes` reads the outcomes in order, with the clock time at the end
+of each step and when each request arrived. It never looks at the engine, so the same
+arithmetic serves a real engine run, a scripted list of outcomes in a test, and the records
+a static-batching lesson writes for itself.
+
+Two units of time run side by side. Iterations count forwards (a step that scheduled no row
+is not one) and give the deterministic tables. Clock time (the `_s` fields) is seconds on a
+wall clock and one unit per forward on the iteration clock, where the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from llmengine.outcome import IterationOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """When a request arrived: forwards already run, and the clock time."""
+
+    iteration: int = 0
+    time: float = 0.0
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation between the two nearest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _share(part: float, whole: float) -> float:
+    """part / whole, where nothing of the whole means nothing of the part either."""
+    return part / whole if whole else 0.0
+
+
+@dataclass(slots=True)
+class ContinuousTiming:
+    """Occupancy, latency and the preemption bill of one run.
+
+    Per-iteration series are indexed by forward (rows, prefill_rows, forward_tokens, ...);
+    per-request dicts are keyed by request id and hold finished requests only. Iterations in
+    `preempted_at` and latencies are 1-based forward numbers: a request evicted in the
+    scheduling decision of the 3rd forward was evicted "in iteration 3", and a request that
+    arrived before the first forward and got its last token from the 24th has latency 24.
+
+    `preemption_latency_penalty` compares victims with requests that ran straight through, and
+    its control group is contaminated: the victim is always the youngest running request,
+    which under a burst is also the one that would have finished last anyway, so the ratio
+    overstates what being preempted cost by whatever late admission already cost. The clean
+    comparison is the same request across two pools (`sweep_pool_sizes` keeps per-request
+    results for exactly that).
+    """
+
+    num_slots: int
+    block_size: int
+    rows: list[int]
+    prefill_rows: list[int]
+    forward_tokens: list[int]
+    recomputed_tokens: list[int]
+    tokens_collected: list[int]
+    held_blocks: list[int]
+    needed_blocks: list[int]
+    kv_tokens: list[int]
+    end_times_s: list[float]
+    arrivals: dict[int, Arrival]
+    preempted_at: dict[int, list[int]] = field(default_factory=dict)
+    latencies_iterations: dict[int, int] = field(default_factory=dict)
+    latencies_s: dict[int, float] = field(default_factory=dict)
+    time_to_first_token_s: dict[int, float] = field(default_factory=dict)
+    time_per_output_token_s: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_outcomes(
+        cls,
+        outcomes: Sequence[IterationOutcome],
+        *,
+        times: Sequence[float] | None = None,
+        arrivals: dict[int, Arrival] | None = None,
+    ) -> ContinuousTiming:
+        """Build the timing from a run's outcomes, in step order.
+
+        `times[i]` is the clock after outcome i (default: the number of forwards so far, the
+        iteration clock). `arrivals` defaults to every request arriving before the first
+        forward at time 0. A forward's `forward_tokens` left at 0 is charged one position per
+        row, which is exactly what a decode-only iteration computes.
+        """
+        forwards = [outcome for outcome in outcomes if outcome.rows]
+        if not forwards:
+            raise ValueError("no forward in these outcomes: nothing to time")
+        if times is None:
+            times = _forward_counts(outcomes)
+        if len(times) != len(outcomes):
+            raise ValueError(f"{len(outcomes)} outcomes but {len(times)} times")
+        if arrivals is None:
+            arrivals = {request_id: Arrival() for request_id in _request_ids(outcomes)}
+        timing = cls(
+            num_slots=forwards[0].num_slots,
+            block_size=forwards[0].block_size,
+            rows=[o.rows for o in forwards],
+            prefill_rows=[o.prefill_rows for o in forwards],
+            forward_tokens=[o.forward_tokens or o.rows for o in forwards],
+            recomputed_tokens=[o.recomputed_tokens for o in forwards],
+            tokens_collected=[len(o.tokens) for o in forwards],
+            held_blocks=[o.held_blocks for o in forwards],
+            needed_blocks=[o.needed_blocks for o in forwards],
+            kv_tokens=[o.kv_tokens for o in forwards],
+            end_times_s=[t for o, t in zip(outcomes, times, strict=True) if o.rows],
+            arrivals=dict(arrivals),
+        )
+        timing._read_requests(outcomes, times)
+        return timing
+
+    def _read_requests(self, outcomes: Sequence[IterationOutcome], times: Sequence[float]) -> None:
+        first_token_s: dict[int, float] = {}
+        last_token_s: dict[int, float] = {}
+        num_tokens: dict[int, int] = {}
+        done = 0
+        for outcome, now in zip(outcomes, times, strict=True):
+            iteration = done + 1
+            done += bool(outcome.rows)
+            for request_id in outcome.evicted:
+                self.preempted_at.setdefault(request_id, []).append(iteration)
+            for request_id in outcome.tokens:
+                first_token_s.setdefault(request_id, now)
+                last_token_s[request_id] = now
+                num_tokens[request_id] = num_tokens.get(request_id, 0) + 1
+            for request_id in outcome.finished:
+                arrival = self.arrivals.setdefault(request_id, Arrival())
+                self.latencies_iterations[request_id] = iteration - arrival.iteration
+                self.latencies_s[request_id] = now - arrival.time
+                self.time_to_first_token_s[request_id] = first_token_s[request_id] - arrival.time
+                if num_tokens[request_id] > 1:
+                    self.time_per_output_token_s[request_id] = (now - first_token_s[request_id]) / (
+                        num_tokens[request_id] - 1
+                    )
+
+    # -- throughput ----------------------------------------------------------------------
+
+    @property
+    def iterations(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.tokens_collected)
+
+    @property
+    def occupancy(self) -> float:
+        """Tokens collected / (iterations x slots): the share of the batch that did work."""
+        return self.total_tokens / (self.iterations * self.num_slots)
+
+    @property
+    def waste_fraction(self) -> float:
+        """Issued rows that produced no token (padding), over issued rows.
+
+        0 for continuous batching, where every row is a live request; a static batch keeps
+        running rows for requests that already finished, and this is that bill.
+        """
+        return _share(sum(self.rows) - self.total_tokens, sum(self.rows))
+
+    # -- the preemption bill -----------------------------------------------------------------
+
+    @property
+    def preemptions(self) -> int:
+        return sum(len(iterations) for iterations in self.preempted_at.values())
+
+    @property
+    def preemptions_per_request(self) -> float:
+        return _share(self.preemptions, self.num_requests)
+
+    @property
+    def total_forward_tokens(self) -> int:
+        return sum(self.forward_tokens)
+
+    @property
+    def total_recomputed_tokens(self) -> int:
+        return sum(self.recomputed_tokens)
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Positions computed again after an eviction, over all positions computed."""
+        return _share(self.total_recomputed_tokens, self.total_forward_tokens)
+
+    @property
+    def tokens_per_eviction(self) -> float | None:
+        """Recomputed positions per preemption: how long victims were when picked.
+
+        None when nothing was preempted: there is no eviction to divide by.
+        """
+        if not self.preemptions:
+            return None
+        return self.total_recomputed_tokens / self.preemptions
+
+    @property
+    def preempted_latencies_s(self) -> dict[int, float]:
+        return {r: t for r, t in self.latencies_s.items() if r in self.preempted_at}
+
+    @property
+    def straight_through_latencies_s(self) -> dict[int, float]:
+        return {r: t for r, t in self.latencies_s.items() if r not in self.preempted_at}
+
+    @property
+    def preemption_latency_penalty(self) -> float | None:
+        """Mean victim latency over mean straight-through latency (see the class docstring).
+
+        1.0 when nobody was preempted: nobody was punished. None when nobody ran straight
+        through (or their latency measured zero): there is no control group, and comparing
+        the victims with themselves would read 1.0, "preemption was free".
+        """
+        victims = self.preempted_latencies_s
+        if not victims:
+            return 1.0
+        control = self.straight_through_latencies_s
+        if not control or not fmean(control.values()):
+            return None
+        return fmean(victims.values()) / fmean(control.values())
+
+    # -- latency -------------------------------------------------------------------------
+
+    @property
+    def mean_latency_s(self) -> float:
+        """The run's mean latency, which under preemption describes nobody (Day 34)."""
+        return fmean(self.latencies_s.values())
+
+    def latency_percentiles(self, qs: Sequence[float] = (50, 90, 99)) -> dict[float, float]:
+        return {q: percentile(self.latencies_s.values(), q) for q in qs}
+
+    # -- the pool ------------------------------------------------------------------------
+
+    @property
+    def reservation_waste(self) -> float:
+        """Blocks held but not needed by the K/V written, over blocks held, across the run."""
+        return _share(sum(self.held_blocks) - sum(self.needed_blocks), sum(self.held_blocks))
+
+    @property
+    def fragmentation_waste(self) -> float:
+        """The unfilled tails of last blocks, over the capacity of the blocks needed."""
+        capacity = sum(self.needed_blocks) * self.block_size
+        return _share(capacity - sum(self.kv_tokens), capacity)
+
+
+def _forward_counts(outcomes: Sequence[IterationOutcome]) -> list[float]:
+    counts, done = [], 0
+    for outcome in outcomes:
+        done += bool(outcome.rows)
+        counts.append(float(done))
+    return counts
+
+
+def _request_ids(outcomes: Sequence[IterationOutcome]) -> list[int]:
+    seen: dict[int, None] = {}
+    for outcome in outcomes:
+        for request_id in (*outcome.admitted, *outcome.tokens, *outcome.evicted):
+            seen.setdefault(request_id)
+    return list(seen)
