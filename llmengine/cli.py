@@ -1,0 +1,111 @@
+"""The `llmengine` command line: one argparse subcommand per verb.
+
+Each subcommand is a function that adds its parser to the subparsers and sets `handler`
+(a callable taking the parsed arguments and returning an exit code). Adding a verb is one
+such function appended to `SUBCOMMANDS`. Errors a user can cause (bad numbers, a folder
+that is not a checkpoint) surface as `ValueError` or `OSError` and are printed as one line
+with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from llmengine.sampling import SamplingParams
+
+Subparsers = argparse._SubParsersAction  # argparse exposes no public name for this type
+EXIT_USAGE = 2
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    """Load the model and tokenizer, generate one completion, print it."""
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    import llmengine
+    from llmengine.generation import generate_text
+
+    model = llmengine.load_model(args.model)
+    tokenizer = llmengine.load_tokenizer(args.model)
+    print(generate_text(model, tokenizer, args.prompt, params))
+    return 0
+
+
+def add_generate(subparsers: Subparsers) -> None:
+    """`llmengine generate`: complete one prompt with the plain (uncached) loop."""
+    defaults = SamplingParams()
+    parser = subparsers.add_parser(
+        "generate",
+        help="complete one prompt",
+        description="Complete one prompt and print the generated text.",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (Hugging Face Llama layout); default: the embedded model",
+    )
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=defaults.max_tokens,
+        metavar="N",
+        help=f"most tokens to generate (default {defaults.max_tokens})",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=defaults.temperature,
+        metavar="T",
+        help="0 is greedy (default)",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=defaults.top_k, metavar="K", help="0 keeps all tokens"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=defaults.top_p, metavar="P", help="nucleus mass, in (0, 1]"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="reproducible sampling with this seed"
+    )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens"
+    )
+    parser.set_defaults(handler=_run_generate)
+
+
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [add_generate]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand in `SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="llmengine", description="An LLM inference engine built from scratch."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_subcommand in SUBCOMMANDS:
+        add_subcommand(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: the process arguments), run the subcommand, return its status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, OSError) as error:
+        print(f"llmengine {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
