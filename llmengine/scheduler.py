@@ -213,11 +213,13 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:
+        # The hook runs while the request still names its slot, so the engine knows which
+        # row to reset before the slot can be handed to anyone else.
+        if self.on_release is not None:
+            self.on_release(request)
         self.pool.free(request.block_table.release())
         self.free_slots.append(request.slot)
         request.slot = None
-        if self.on_release is not None:
-            self.on_release(request)
 
     # -- after the forward -------------------------------------------------------------
 

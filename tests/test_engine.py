@@ -1,0 +1,212 @@
+"""The engine on real weights: same text whatever the pool, resume not restart, abort, errors."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from hf_llama import hf_greedy, save_random_llama
+
+import llmengine
+from llmengine import engine as engine_module
+from llmengine.engine import Engine
+from llmengine.request import RequestState
+from llmengine.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    folder = tmp_path_factory.mktemp("engine-llama")
+    hf_model = save_random_llama(folder, seed=3, vocab_size=97, num_hidden_layers=2)
+    return folder, hf_model
+
+
+@pytest.fixture(scope="module")
+def model(random_checkpoint: tuple[Path, object]) -> llmengine.Llama:
+    return llmengine.load_model(random_checkpoint[0])
+
+
+def prompts_for(seed: int, count: int, vocab: int, low: int = 3, high: int = 13) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Token 0 is avoided: transformers' generate() reads it as padding.
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def run_checked(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple:
+    """generate(), but stepping by hand so the integrity check runs after every step."""
+    ids = [engine.add_request(prompt, params) for prompt in prompts]
+    evictions = 0
+    while engine.has_unfinished():
+        evictions += len(engine.step().evicted)
+        engine.check_integrity()
+    assert engine.num_free_blocks == engine.num_blocks
+    assert engine.slot_owners == [None] * engine.num_slots
+    return [engine.request(i).output_token_ids for i in ids], evictions
+
+
+GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
+
+
+def test_cramped_and_roomy_engines_return_the_same_tokens_as_transformers(
+    model: llmengine.Llama, random_checkpoint: tuple[Path, object]
+) -> None:
+    prompts = prompts_for(0, 6, model.config.vocab_size)
+    roomy, roomy_evictions = run_checked(
+        Engine(model, num_blocks=64, block_size=4, num_slots=6), prompts, GREEDY
+    )
+    cramped, cramped_evictions = run_checked(
+        Engine(model, num_blocks=9, block_size=4, num_slots=6), prompts, GREEDY
+    )
+    assert roomy_evictions == 0 and cramped_evictions >= 3
+    assert cramped == roomy
+    hf_model = random_checkpoint[1]
+    for prompt, tokens in zip(prompts, roomy, strict=True):
+        assert tokens == hf_greedy(hf_model, torch.tensor([prompt]), 20)[0]
+
+
+def test_reserve_and_incremental_policies_agree(model: llmengine.Llama) -> None:
+    prompts = prompts_for(1, 5, model.config.vocab_size)
+    reserve, _ = run_checked(
+        Engine(model, num_blocks=12, block_size=4, num_slots=5, policy="reserve"), prompts, GREEDY
+    )
+    incremental, _ = run_checked(
+        Engine(model, num_blocks=12, block_size=4, num_slots=5), prompts, GREEDY
+    )
+    assert reserve == incremental
+
+
+def test_seeded_sampling_does_not_depend_on_pool_or_preemption(model: llmengine.Llama) -> None:
+    prompts = prompts_for(2, 5, model.config.vocab_size)
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.9, top_k=20, seed=s, ignore_eos=True)
+        for s in range(5)
+    ]
+    roomy = Engine(model, num_blocks=64, block_size=4, num_slots=5).generate(prompts, params)
+    cramped_engine = Engine(model, num_blocks=8, block_size=4, num_slots=5)
+    assert cramped_engine.generate(prompts, params) == roomy
+
+
+def test_resumed_request_prefills_prompt_plus_everything_it_generated(
+    model: llmengine.Llama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fails if a resume restarts from the prompt or re-prefills only the prompt (Day 33)."""
+    seen: list[list] = []
+    real_forward = engine_module.paged_forward
+
+    def recording_forward(model, cache, rows):  # noqa: ANN001, ANN202
+        seen.append([(list(row.token_ids), row.start_position) for row in rows])
+        return real_forward(model, cache, rows)
+
+    monkeypatch.setattr(engine_module, "paged_forward", recording_forward)
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=4)
+    prompts = prompts_for(4, 4, model.config.vocab_size, low=5, high=5)
+    ids = [engine.add_request(p, GREEDY) for p in prompts]
+    resumed = 0
+    while engine.has_unfinished():
+        outcome = engine.step()
+        for row_tokens, start in seen[-1]:
+            if start == 0 and len(row_tokens) > 5:
+                request = next(
+                    engine.request(i)
+                    for i in ids
+                    if engine.request(i).prompt_token_ids == row_tokens[:5]
+                )
+                resumed += 1
+                assert row_tokens == request.token_ids[: len(row_tokens)]
+                assert len(row_tokens) == len(request.output_token_ids) - 1 + 5
+        assert outcome.recomputed_tokens == sum(
+            len(t) for t, s in seen[-1] if s == 0 and len(t) > 5
+        )
+    assert resumed >= 2
+    assert all(len(engine.request(i).output_token_ids) == 20 for i in ids)
+
+
+def test_abort_waiting_running_and_preempted(model: llmengine.Llama) -> None:
+    engine = Engine(model, num_blocks=6, block_size=4, num_slots=2)
+    prompts = prompts_for(5, 4, model.config.vocab_size, low=6, high=6)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    a, b, c, d = (engine.add_request(p, params) for p in prompts)
+    engine.step()
+    engine.abort(c)  # waiting
+    while engine.request(b).num_preemptions == 0:
+        engine.step()
+    assert engine.request(b).state == RequestState.WAITING
+    engine.abort(b)  # preempted
+    engine.abort(a)  # running
+    engine.check_integrity()
+    assert engine.num_free_blocks == 6
+    with pytest.raises(ValueError, match="already aborted"):
+        engine.abort(a)
+    while engine.has_unfinished():
+        engine.step()
+    assert len(engine.request(d).output_token_ids) == 10
+
+
+def test_prompt_that_exactly_fills_a_block(model: llmengine.Llama, random_checkpoint) -> None:
+    prompt = prompts_for(6, 1, model.config.vocab_size, low=8, high=8)
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=1)
+    rid = engine.add_request(prompt[0], SamplingParams(max_tokens=6, ignore_eos=True))
+    first = engine.step()
+    assert first.forward_tokens == 8 and engine.num_free_blocks == 6
+    engine.step()  # position 8 opens the third block
+    assert engine.num_free_blocks == 5
+    while engine.has_unfinished():
+        engine.step()
+    expected = hf_greedy(random_checkpoint[1], torch.tensor(prompt), 6)[0]
+    assert engine.request(rid).output_token_ids == expected
+
+
+def test_eos_and_stop_tokens_finish_and_free_blocks(model: llmengine.Llama) -> None:
+    prompt = prompts_for(7, 1, model.config.vocab_size)[0]
+    free_run = Engine(model, num_blocks=16, block_size=4).generate([prompt], GREEDY)[0]
+    stop = free_run[5]
+    engine = Engine(model, num_blocks=16, block_size=4)
+    out = engine.generate([prompt], SamplingParams(max_tokens=20, stop_token_ids=(stop,)))[0]
+    assert out == free_run[: free_run.index(stop) + 1]
+    assert engine.num_free_blocks == 16
+    engine.eos_token_ids = (stop,)
+    assert engine.generate([prompt], SamplingParams(max_tokens=20))[0] == out
+    assert engine.num_free_blocks == 16
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], GREEDY, "empty"),
+        ([1, 2, 500], GREEDY, "outside the vocabulary"),
+        ([1, -1], GREEDY, "outside the vocabulary"),
+        ([1] * 10, SamplingParams(max_tokens=30), "pool has 8"),
+    ],
+)
+def test_bad_input_is_refused_and_the_engine_still_serves(
+    model: llmengine.Llama, prompt: list[int], params: SamplingParams, message: str
+) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(prompt, params)
+    assert not engine.has_unfinished() and engine.num_free_blocks == 8
+    assert len(engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4))[0]) <= 4
+
+
+def test_max_tokens_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_stress_many_requests_tiny_pool(model: llmengine.Llama) -> None:
+    for seed in (11, 12, 13):
+        rng = random.Random(seed)
+        prompts = prompts_for(seed, 24, model.config.vocab_size, low=1, high=20)
+        params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in prompts]
+        roomy = Engine(model, num_blocks=256, block_size=4, num_slots=24).generate(prompts, params)
+        cramped = Engine(model, num_blocks=12, block_size=4, num_slots=6)
+        ids = [cramped.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
+        evictions = 0
+        while cramped.has_unfinished():
+            evictions += len(cramped.step().evicted)
+            cramped.check_integrity()
+        assert evictions > 10
+        assert [cramped.request(i).output_token_ids for i in ids] == roomy
+        assert cramped.num_free_blocks == 12 and cramped.slot_owners == [None] * 6
