@@ -57,15 +57,15 @@ TABLE_COLUMNS: list[tuple[str, str, Any]] = [
     ("pool", "pool_blocks", str),
     ("iterations", "iterations", str),
     ("occupancy", "occupancy", lambda v: f"{v:.3f}"),
-    ("preemptions", "preemptions", str),
-    ("evictions/req", "evictions_per_request", lambda v: f"{v:.2f}"),
+    ("preempted", "preemptions", str),
+    ("evict/req", "evictions_per_request", lambda v: f"{v:.2f}"),
     ("forward", "forward_tokens", str),
     ("recomputed", "recomputed_tokens", str),
     ("recompute", "recompute_fraction", lambda v: f"{v:.1%}"),
-    ("tokens/eviction", "tokens_per_eviction", lambda v: _number(v, 1)),
-    ("victim latency", "preemption_latency_penalty", _ratio),
-    ("mean latency", "mean_latency_iterations", lambda v: f"{v:.1f}"),
-    ("max latency", "latencies_iterations", lambda v: str(max(v))),
+    ("tok/evict", "tokens_per_eviction", lambda v: _number(v, 1)),
+    ("victim lat", "preemption_latency_penalty", _ratio),
+    ("mean lat", "mean_latency_iterations", lambda v: f"{v:.1f}"),
+    ("max lat", "latencies_iterations", lambda v: str(max(v))),
 ]
 
 

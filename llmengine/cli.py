@@ -84,7 +84,100 @@ def add_generate(subparsers: Subparsers) -> None:
     parser.set_defaults(handler=_run_generate)
 
 
-SUBCOMMANDS: list[Callable[[Subparsers], None]] = [add_generate]
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _pool_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated pool sizes in blocks, e.g. 48,32,24."""
+    return [_positive_int(part.strip()) for part in text.split(",")]
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    """Run the uniform burst through one engine per pool size and print one row per pool."""
+    import json
+
+    import llmengine
+    from llmengine.batchbench import DivergentOutputError, sweep_pool_sizes
+    from llmengine.benchreport import format_csv, format_table, sweep_summary
+    from llmengine.workloads import uniform_burst
+
+    model = llmengine.load_model(args.model)
+    workload = uniform_burst(
+        args.requests, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
+    )
+    try:
+        results = sweep_pool_sizes(
+            model,
+            workload,
+            args.pools,
+            block_size=args.block_size,
+            num_slots=args.slots,
+            policy=args.policy,
+            progress=sys.stderr.isatty(),
+        )
+    except DivergentOutputError as error:
+        print(f"llmengine bench: the pools disagree, an engine bug: {error}", file=sys.stderr)
+        return 1
+    summaries = sweep_summary(results)
+    if args.format == "json":
+        print(json.dumps(summaries, indent=2))
+    elif args.format == "csv":
+        print(format_csv(summaries), end="")
+    else:
+        print(
+            f"{args.requests} requests arriving together, {args.prompt_len}-token prompts, "
+            f"{args.max_tokens} tokens each; {args.slots} slots, block size {args.block_size}, "
+            f"policy {args.policy}; latencies in iterations"
+        )
+        print(format_table(summaries))
+    return 0
+
+
+def add_bench(subparsers: Subparsers) -> None:
+    """`llmengine bench`: the same burst of requests through several KV pool sizes."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="run a burst of requests through several pool sizes",
+        description="Run N requests arriving together (greedy, no early stop) through one "
+        "engine per pool size and print occupancy, preemptions and the recompute bill.",
+    )
+    parser.add_argument("--requests", type=_positive_int, required=True, metavar="N")
+    parser.add_argument(
+        "--prompt-len", type=_positive_int, required=True, metavar="P", help="tokens per prompt"
+    )
+    parser.add_argument(
+        "--max-tokens", type=_positive_int, required=True, metavar="T",
+        help="tokens each request generates",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slots", type=_positive_int, required=True, metavar="S",
+        help="most requests in one forward",
+    )  # fmt: skip
+    parser.add_argument(
+        "--block-size", type=_positive_int, required=True, metavar="B", help="tokens per block"
+    )
+    parser.add_argument(
+        "--pools", type=_pool_sizes, required=True, metavar="48,32,24",
+        help="pool sizes in blocks, comma-separated",
+    )  # fmt: skip
+    parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
+    parser.add_argument(
+        "--model", type=Path, default=None, metavar="DIR",
+        help="checkpoint folder (Hugging Face Llama layout); default: the embedded model",
+    )  # fmt: skip
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    parser.set_defaults(handler=_run_bench)
+
+
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [add_generate, add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
