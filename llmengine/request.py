@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from llmengine.blocks import BlockTable
-
-if TYPE_CHECKING:
-    from llmengine.sampling import SamplingParams
+from llmengine.params import SamplingParams, finish_reason
 
 
 class RequestState(Enum):
@@ -92,16 +89,6 @@ class Request:
         self.state = state
 
     def append_token(self, token_id: int, eos_token_ids: tuple[int, ...] = ()) -> str | None:
-        """Record a sampled token; return why the request is now done, or None.
-
-        Length first: a request that reaches its budget on a stop token is done either way,
-        and 'length' is the reason a caller should see for a full budget.
-        """
+        """Record a sampled token; return why the request is now done, or None."""
         self.output_token_ids.append(token_id)
-        if len(self.output_token_ids) >= self.params.max_tokens:
-            return "length"
-        if token_id in self.params.stop_token_ids:
-            return "stop"
-        if not self.params.ignore_eos and token_id in eos_token_ids:
-            return "eos"
-        return None
+        return finish_reason(self.params, len(self.output_token_ids), token_id, eos_token_ids)

@@ -1,0 +1,86 @@
+"""What a caller asks of a request, and the rule that says when it is done.
+
+Plain data with no tensors, so the request lifecycle and the scheduler can hold sampling
+parameters and apply the stop rule without importing the sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["length", "stop", "eos"]
+_MAX_SEED = 2**64 - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What one request asks of the sampler.
+
+    - `max_tokens`: the most tokens to generate (at least 1).
+    - `temperature`: 0.0 is greedy (argmax); above 0 the logits are divided by it and sampled.
+    - `top_k`: keep only the k most likely tokens; 0 keeps all.
+    - `top_p`: keep the smallest set of most likely tokens whose probability reaches top_p.
+    - `seed`: draw from a private generator seeded with this, for reproducible samples.
+    - `stop_token_ids`: tokens that finish the request (the token is kept in the output).
+    - `ignore_eos`: keep going past the model's end-of-sequence tokens.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 keeps all), got {self.top_k!r}")
+        if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        stop = tuple(self.stop_token_ids)
+        if not all(_is_int(token) and token >= 0 for token in stop):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {stop!r}")
+        object.__setattr__(self, "stop_token_ids", stop)
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is the argmax, with no randomness at all."""
+        return self.temperature == 0.0
+
+
+def finish_reason(
+    params: SamplingParams,
+    num_generated: int,
+    token_id: int,
+    eos_token_ids: Sequence[int] = (),
+) -> FinishReason | None:
+    """Why a request is done after generating `token_id` as its `num_generated`-th token.
+
+    Returns "length" when the budget is spent (checked first: a full budget is the reason a
+    caller should see), "stop" for one of the request's stop tokens, "eos" for one of the
+    model's end-of-sequence tokens unless `ignore_eos`, and None to keep going. The finishing
+    token itself belongs to the output.
+    """
+    if num_generated >= params.max_tokens:
+        return "length"
+    if token_id in params.stop_token_ids:
+        return "stop"
+    if not params.ignore_eos and token_id in eos_token_ids:
+        return "eos"
+    return None
