@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from hf_llama import save_random_llama
 
 import llmengine
 from llmengine.cli import build_parser, main
@@ -20,22 +20,10 @@ WORDS = ["<unk>", "<s>", "</s>", *(f"w{index}" for index in range(29))]
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a word-level tokenizer, saved like a Hugging Face checkpoint."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    save_random_llama(folder, vocab_size=len(WORDS), bos_token_id=1, eos_token_id=2)
     backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, "<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from hf_llama import hf_greedy, save_random_llama
 
 import llmengine
 from llmengine.generation import generate_text, generate_tokens
@@ -77,30 +78,12 @@ def test_seeded_sampling_is_reproducible() -> None:
 
 
 def test_matches_transformers_greedy_generate(tmp_path: Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    reference = LlamaForCausalLM(config).eval()
-    reference.save_pretrained(tmp_path)
+    reference = save_random_llama(tmp_path)
     prompt = [1, 17, 33, 5, 40]
-    with torch.inference_mode():
-        expected = reference.generate(
-            torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0
-        )[0, len(prompt) :].tolist()
+    [expected] = hf_greedy(reference, torch.tensor([prompt]), steps=10)
     model = llmengine.load_model(tmp_path)
-    assert generate_tokens(model, prompt, SamplingParams(max_tokens=10)) == expected
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    assert generate_tokens(model, prompt, params) == expected
 
 
 @pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="the embedded model is not trained yet")
