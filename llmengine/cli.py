@@ -20,6 +20,17 @@ Subparsers = argparse._SubParsersAction  # argparse exposes no public name for t
 EXIT_USAGE = 2
 
 
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """`--model DIR`, the checkpoint every subcommand that runs a model accepts."""
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="checkpoint folder (Hugging Face Llama layout); default: the embedded model",
+    )
+
+
 def _run_generate(args: argparse.Namespace) -> int:
     """Load the model and tokenizer, generate one completion, print it."""
     params = SamplingParams(
@@ -47,13 +58,7 @@ def add_generate(subparsers: Subparsers) -> None:
         help="complete one prompt",
         description="Complete one prompt and print the generated text.",
     )
-    parser.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="checkpoint folder (Hugging Face Llama layout); default: the embedded model",
-    )
+    add_model_argument(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-tokens",
@@ -169,10 +174,7 @@ def add_bench(subparsers: Subparsers) -> None:
         help="pool sizes in blocks, comma-separated",
     )  # fmt: skip
     parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
-    parser.add_argument(
-        "--model", type=Path, default=None, metavar="DIR",
-        help="checkpoint folder (Hugging Face Llama layout); default: the embedded model",
-    )  # fmt: skip
+    add_model_argument(parser)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(handler=_run_bench)
 
