@@ -98,6 +98,7 @@ def use_lesson_style() -> None:
             "ytick.labelsize": 9,
             "figure.figsize": FIGURE_SIZE,
             "figure.dpi": FIGURE_DPI,
+            "figure.constrained_layout.use": True,
             "savefig.dpi": FIGURE_DPI,
             "axes.grid": True,
             "grid.alpha": 0.3,
