@@ -1,6 +1,7 @@
 """llmengine: an LLM inference engine built from scratch, one measured lesson at a time."""
 
 from llmengine.batchbench import run_workload as run_workload
+from llmengine.batchbench import smallest_pool_running_all as smallest_pool_running_all
 from llmengine.batchbench import sweep_pool_sizes as sweep_pool_sizes
 from llmengine.blocks import BlockPool as BlockPool
 from llmengine.blocks import BlockTable as BlockTable
@@ -22,6 +23,7 @@ from llmengine.request import Request as Request
 from llmengine.request import RequestState as RequestState
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduler import Scheduler as Scheduler
+from llmengine.static_batch import run_static_batches as run_static_batches
 from llmengine.timing import ContinuousTiming as ContinuousTiming
 from llmengine.tokenizer import load_tokenizer as load_tokenizer
 from llmengine.workloads import RequestSpec as RequestSpec
@@ -30,3 +32,4 @@ from llmengine.workloads import poisson_arrivals as poisson_arrivals
 from llmengine.workloads import staggered as staggered
 from llmengine.workloads import uniform_burst as uniform_burst
 from llmengine.workloads import with_arrivals as with_arrivals
+from llmengine.workloads import with_budgets as with_budgets

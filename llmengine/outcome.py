@@ -16,7 +16,9 @@ class IterationOutcome:
     `forward_tokens` counts the positions the forward computed (pad excluded): a decode row is
     one position, a prefill row its whole length. `recomputed_tokens` is the part of that
     which was K/V the engine had held before and threw away on preemption: every position of
-    a resumed prefill.
+    a resumed prefill. `padded_tokens` counts the positions a rectangular batch computes only
+    to keep its shape (pad after a short prompt, rows of requests already done): 0 for the
+    engine, which never pads, and the static batch's bill.
 
     The pool fields describe the cache after the step: `held_blocks` are booked by some
     request, `needed_blocks` are what the K/V actually written (`kv_tokens` positions) fills,
@@ -33,6 +35,7 @@ class IterationOutcome:
     prefill_rows: int = 0
     forward_tokens: int = 0
     recomputed_tokens: int = 0
+    padded_tokens: int = 0
     num_slots: int = 0
     free_blocks: int = 0
     num_blocks: int = 0

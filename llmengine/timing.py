@@ -81,6 +81,7 @@ class ContinuousTiming:
     latencies_s: dict[int, float] = field(default_factory=dict)
     time_to_first_token_s: dict[int, float] = field(default_factory=dict)
     time_per_output_token_s: dict[int, float] = field(default_factory=dict)
+    padded_tokens: list[int] = field(default_factory=list)
 
     @classmethod
     def from_outcomes(
@@ -119,6 +120,7 @@ class ContinuousTiming:
             kv_tokens=[o.kv_tokens for o in forwards],
             end_times_s=[t for o, t in zip(outcomes, times, strict=True) if o.rows],
             arrivals=dict(arrivals),
+            padded_tokens=[o.padded_tokens for o in forwards],
         )
         timing._read_requests(outcomes, times)
         return timing
@@ -174,6 +176,16 @@ class ContinuousTiming:
         running rows for requests that already finished, and this is that bill.
         """
         return _share(sum(self.rows) - self.total_tokens, sum(self.rows))
+
+    @property
+    def padding_fraction(self) -> float:
+        """Positions computed only to keep a batch rectangular, over all positions computed.
+
+        The same bill as `waste_fraction` counted in positions rather than rows, so it also
+        sees the pad after short prompts in a padded prefill. 0 for continuous batching.
+        """
+        padded = sum(self.padded_tokens)
+        return _share(padded, padded + self.total_forward_tokens)
 
     # -- the preemption bill -----------------------------------------------------------------
 

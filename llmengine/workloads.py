@@ -94,6 +94,20 @@ def with_arrivals(workload: Sequence[RequestSpec], arrivals: Sequence[float]) ->
     ]
 
 
+def with_budgets(workload: Sequence[RequestSpec], budgets: Sequence[int]) -> list[RequestSpec]:
+    """The same requests, the i-th allowed `budgets[i]` tokens.
+
+    The Day-29 shape is built this way: a burst in which one request wants far more tokens
+    than the others.
+    """
+    if len(budgets) != len(workload):
+        raise ValueError(f"{len(workload)} requests but {len(budgets)} budgets")
+    return [
+        replace(spec, params=replace(spec.params, max_tokens=budget))
+        for spec, budget in zip(workload, budgets, strict=True)
+    ]
+
+
 def staggered(workload: Sequence[RequestSpec], interval: float) -> list[RequestSpec]:
     """Request i arrives at i * interval: a steady trickle instead of a burst."""
     return with_arrivals(workload, [i * interval for i in range(len(workload))])
