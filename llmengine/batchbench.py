@@ -155,6 +155,20 @@ def sweep_pool_sizes(
     return results
 
 
+def smallest_pool_running_all(results: Sequence[PoolResult]) -> int | None:
+    """The smallest pool of a sweep over a burst in which nobody waited, or None.
+
+    Nobody waited means every request was admitted into the first forward and none was ever
+    evicted: the pool runs the whole burst at once. Which pool that is depends on what the
+    admission policy books per request, which is why Week 8 and Day 33 give different answers.
+    """
+    for result in sorted(results, key=lambda result: result.pool_blocks):
+        timing = result.timing
+        if timing.prefill_rows[0] == timing.num_requests and not timing.preemptions:
+            return result.pool_blocks
+    return None
+
+
 def check_same_outputs(results: Sequence[PoolResult]) -> None:
     """Raise `DivergentOutputError` at the first request whose tokens differ from pool one's."""
     if not results:
