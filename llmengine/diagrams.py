@@ -1,0 +1,99 @@
+"""Pictures the lessons draw from the code itself rather than by hand.
+
+`draw_state_machine` reads `TRANSITIONS`, so the diagram cannot disagree with the table the
+engine enforces: add an edge to the table and it appears in every lesson that draws it.
+Only where each state sits on the page is chosen here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmengine.request import TRANSITIONS, RequestState
+
+# Where each state sits: the live states on the left, the terminal ones on the right.
+STATE_POSITIONS: dict[RequestState, tuple[float, float]] = {
+    RequestState.WAITING: (0.0, 0.0),
+    RequestState.RUNNING: (2.2, 0.0),
+    RequestState.FINISHED: (4.4, 0.9),
+    RequestState.ABORTED: (4.4, -0.9),
+}
+
+
+def _edge_curvature(source: RequestState, target: RequestState) -> float:
+    """Bend the two edges of a pair apart, and the long waiting -> aborted edge around."""
+    if TRANSITIONS[target].get(source):
+        return 0.35
+    if source == RequestState.WAITING and target == RequestState.ABORTED:
+        return 0.45
+    return 0.0
+
+
+def draw_state_machine(
+    ax: Any,
+    *,
+    highlight: tuple[str, ...] = ("preempt",),
+    highlight_color: str = "#c0392b",
+    title: str | None = None,
+) -> None:
+    """Draw every state and every legal move of `TRANSITIONS` on a matplotlib axis.
+
+    Edges whose event is in `highlight` are drawn thick and in `highlight_color`.
+    """
+    for state, (x, y) in STATE_POSITIONS.items():
+        terminal = not TRANSITIONS[state]
+        ax.text(
+            x,
+            y,
+            state.value,
+            ha="center",
+            va="center",
+            fontsize=10,
+            bbox={
+                "boxstyle": "round,pad=0.5",
+                "facecolor": "#eeeeee" if terminal else "#dbe9f6",
+                "edgecolor": "#333333",
+            },
+            zorder=3,
+        )
+    for source, moves in TRANSITIONS.items():
+        for target, event in moves.items():
+            hot = event in highlight
+            color = highlight_color if hot else "#333333"
+            curvature = _edge_curvature(source, target)
+            (x0, y0), (x1, y1) = STATE_POSITIONS[source], STATE_POSITIONS[target]
+            ax.annotate(
+                "",
+                xy=(x1, y1),
+                xytext=(x0, y0),
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "color": color,
+                    "lw": 2.4 if hot else 1.2,
+                    "shrinkA": 24,
+                    "shrinkB": 24,
+                    "connectionstyle": f"arc3,rad={curvature}",
+                },
+                zorder=2,
+            )
+            # The label sits at the bulge of the arc: the chord's midpoint pushed sideways.
+            mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+            dx, dy = x1 - x0, y1 - y0
+            lx, ly = mx + curvature * dy / 2, my - curvature * dx / 2
+            ax.text(
+                lx,
+                ly,
+                event,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color=color,
+                fontweight="bold" if hot else "normal",
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
+                zorder=4,
+            )
+    ax.set_xlim(-0.8, 5.2)
+    ax.set_ylim(-1.7, 1.5)
+    ax.set_axis_off()
+    if title:
+        ax.set_title(title, fontsize=10)
