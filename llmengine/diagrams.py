@@ -92,6 +92,9 @@ def draw_state_machine(
                 bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
                 zorder=4,
             )
+    # Equal aspect: arcs bend in screen space, so the labels only sit on them when a data
+    # unit is as long across as it is up.
+    ax.set_aspect("equal")
     ax.set_xlim(-0.8, 5.2)
     ax.set_ylim(-1.7, 1.5)
     ax.set_axis_off()
