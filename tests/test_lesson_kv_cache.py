@@ -133,6 +133,7 @@ def test_07_paged_forward_equals_uncached_and_reuses_freed_blocks(model: Llama) 
     walk, freed_by_b = walkthrough(model)
     assert walk.max_abs_error < 1e-4
     assert walk.forwards == 3 + 6 + 1 + 3
+    assert walk.rows_checked == 3 + 6 * 3 + 1 + 3 * 3
     assert set(walk.tables["D"].block_ids) & set(freed_by_b)
     for snapshot in walk.snapshots:
         held = [block for table in snapshot.tables.values() for block in table]
