@@ -14,7 +14,14 @@ import torch
 
 from llmengine.params import FinishReason, SamplingParams, finish_reason
 
-__all__ = ["FinishReason", "SamplingParams", "finish_reason", "make_generator", "sample_tokens"]
+__all__ = [
+    "FinishReason",
+    "SamplingParams",
+    "candidate_distribution",
+    "finish_reason",
+    "make_generator",
+    "sample_tokens",
+]
 
 
 def make_generator(
@@ -28,14 +35,18 @@ def make_generator(
     return generator
 
 
-def _sample_row(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> int:
-    """Temperature, then top-k, then top-p, then one draw, for a single row of logits.
+def candidate_distribution(
+    logits: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens one row of logits may still draw, most likely first, and their probabilities.
 
-    The candidates are sorted once (stable, so ties keep vocabulary order): top-k and top-p
-    both cut a prefix of that order, and top_k=1 or a tiny top_p leaves exactly the argmax.
+    Temperature, then top-k, then top-p: the candidates are sorted once (stable, so ties keep
+    vocabulary order), and top-k and top-p both cut a prefix of that order, so top_k=1 or a
+    tiny top_p leaves exactly the argmax. The probabilities are renormalised over what is
+    kept. Greedy params leave the argmax alone, with probability 1.
     """
+    if params.greedy:
+        return logits.argmax().view(1), torch.ones(1, device=logits.device)
     ordered, order = torch.sort(logits.float() / params.temperature, descending=True, stable=True)
     if params.top_k:
         ordered = ordered[: params.top_k]
@@ -44,9 +55,17 @@ def _sample_row(
         cumulative = torch.cumsum(probs, dim=-1)
         threshold = torch.tensor([params.top_p], dtype=cumulative.dtype, device=cumulative.device)
         keep = int(torch.searchsorted(cumulative, threshold).item()) + 1
-        probs = probs[:keep]
+        probs = probs[:keep] / probs[:keep].sum()
+    return order[: len(probs)], probs
+
+
+def _sample_row(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """One draw from `candidate_distribution` of a single row of logits."""
+    tokens, probs = candidate_distribution(logits, params)
     choice = torch.multinomial(probs, num_samples=1, generator=generator)
-    return int(order[choice].item())
+    return int(tokens[choice].item())
 
 
 def sample_tokens(

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 import llmengine
-from llmengine.sampling import SamplingParams, finish_reason, make_generator, sample_tokens
+from llmengine.sampling import (
+    SamplingParams,
+    candidate_distribution,
+    finish_reason,
+    make_generator,
+    sample_tokens,
+)
 
 VOCAB = 50
 
@@ -182,3 +188,24 @@ def test_finish_reason(
     params: SamplingParams, num_generated: int, token: int, expected: str | None
 ) -> None:
     assert finish_reason(params, num_generated, token, eos_token_ids=(2, 9)) == expected
+
+
+def test_candidate_distribution_applies_each_knob_in_order() -> None:
+    # probabilities 0.5, 0.3, 0.15, 0.05 (in vocabulary order 1, 2, 0, 3)
+    probs = torch.tensor([0.15, 0.5, 0.3, 0.05])
+    logits = torch.log(probs)
+    tokens, kept = candidate_distribution(logits, SamplingParams(temperature=1.0))
+    assert tokens.tolist() == [1, 2, 0, 3]
+    assert torch.allclose(kept, probs[tokens])
+    tokens, kept = candidate_distribution(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert tokens.tolist() == [1, 2] and torch.allclose(kept, torch.tensor([0.625, 0.375]))
+    tokens, kept = candidate_distribution(logits, SamplingParams(temperature=1.0, top_p=0.9))
+    assert tokens.tolist() == [1, 2, 0] and torch.allclose(kept, probs[[1, 2, 0]] / 0.95)
+    tokens, hot = candidate_distribution(logits, SamplingParams(temperature=2.0))
+    assert torch.allclose(hot, probs[tokens].sqrt() / probs.sqrt().sum())
+
+
+def test_candidate_distribution_of_greedy_is_the_argmax() -> None:
+    logits = random_logits(1, 3)[0]
+    tokens, kept = candidate_distribution(logits, SamplingParams())
+    assert tokens.tolist() == [int(logits.argmax())] and kept.tolist() == [1.0]
