@@ -3,8 +3,10 @@
 Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as slots
 `block_id * block_size + offset`. A sequence owns any blocks, in any order; position p lives
 in slot `block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
-of different lengths (prefills and decodes together): the new tokens are padded into one
-batch, written into their slots, and every query reads its row's K/V back by gathering slots.
+of different lengths (prefills and decodes together): the new tokens of every row are packed
+into one sequence, so the projections and the MLP compute exactly the real positions and no
+pad; only attention lays them out as a padded `[rows, longest]` batch, because each row reads
+its own K/V, gathered through its block table.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class PagedKVCache:
 class PagedAttention:
     """The `AttentionHook` of one paged forward; its index tensors are built once for all layers.
 
-    The new tokens form a padded batch `[B, S]`. A pad query is given its row's last real
-    position, so it sees only real keys (no NaN from an all-masked row), and it is never
-    written to the cache.
+    The model sees the new tokens packed as one sequence `[1, N]`. Inside attention they are
+    spread into a padded `[B, S]` batch (`is_new` marks the real entries) so each row can
+    attend over its own gathered keys. A pad query is given its row's last real position, so
+    it sees only real keys (no NaN from an all-masked row); its output is dropped on packing.
     """
 
     def __init__(self, cache: PagedKVCache, rows: list[PagedRow]) -> None:
@@ -87,18 +90,23 @@ class PagedAttention:
 
         self.cache = cache
         self.is_new = offsets < new_lengths[:, None]
-        self.positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
-        self.write_slots = slots_of(table, self.positions, block_size)[self.is_new]
+        padded_positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
+        self.positions = padded_positions[self.is_new][None]
+        self.write_slots = slots_of(table, padded_positions, block_size)[self.is_new]
         key_positions = torch.arange(int(ends.max()), device=device).expand(len(rows), -1)
         self.read_slots = slots_of(table, key_positions, block_size)
-        self.mask = causal_mask(self.positions, int(ends.max()))
+        self.mask = causal_mask(padded_positions, int(ends.max()))
+        self.last_new = torch.cumsum(new_lengths, dim=0) - 1
 
     def attend(
         self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        self.cache.write(layer_index, self.write_slots, k[self.is_new], v[self.is_new])
+        self.cache.write(layer_index, self.write_slots, k[0], v[0])
         keys, values = self.cache.gather(layer_index, self.read_slots)
-        return grouped_query_attention(q, keys, values, mask=self.mask)
+        padded_q = q.new_zeros((*self.is_new.shape, *q.shape[2:]))
+        padded_q[self.is_new] = q[0]
+        out = grouped_query_attention(padded_q, keys, values, mask=self.mask)
+        return out[self.is_new][None]
 
 
 def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.device) -> torch.Tensor:
@@ -136,13 +144,11 @@ def paged_forward(model: Llama, cache: PagedKVCache, rows: list[PagedRow]) -> to
     if not rows:
         raise ValueError("paged_forward needs at least one row")
     attention = PagedAttention(cache, rows)
-    input_ids = torch.zeros(attention.is_new.shape, dtype=torch.long, device=cache.device)
-    input_ids[attention.is_new] = torch.tensor(
-        [token for row in rows for token in row.token_ids], device=cache.device
+    input_ids = torch.tensor(
+        [[token for row in rows for token in row.token_ids]], device=cache.device
     )
     hidden = model.forward_hidden(input_ids, attention.positions, attention)
-    last = attention.is_new.sum(dim=1) - 1
-    return model.compute_logits(hidden[torch.arange(len(rows), device=cache.device), last])
+    return model.compute_logits(hidden[0, attention.last_new])
 
 
 def positions_computed(rows: list[PagedRow]) -> int:
