@@ -11,6 +11,8 @@ CELL_TIMEOUT := 900
 export PATH := $(abspath $(BIN)):$(PATH)
 export JUPYTER_PREFER_ENV_PATH := 1
 export PYTHONHASHSEED := 0
+# One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
+export OMP_NUM_THREADS ?= 1
 
 .PHONY: reports test lint format model
 
