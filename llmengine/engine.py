@@ -157,9 +157,13 @@ class Engine:
                 self._generators.pop(request.request_id, None)
             outcome.finished = [r.request_id for r in finished]
             outcome.admitted = [row.request.request_id for row in decision.rows if row.is_prefill]
+            outcome.resumed = [row.request.request_id for row in decision.rows if row.recomputed]
+            outcome.row_positions = {
+                row.request.request_id: row.num_positions for row in decision.rows
+            }
             outcome.rows = len(decision.rows)
             outcome.prefill_rows = len(outcome.admitted)
-            outcome.forward_tokens = sum(row.num_positions for row in decision.rows)
+            outcome.forward_tokens = sum(outcome.row_positions.values())
             outcome.recomputed_tokens = sum(row.recomputed for row in decision.rows)
             self.iteration += 1
         self._record_pool(outcome)

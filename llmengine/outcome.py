@@ -20,6 +20,11 @@ class IterationOutcome:
     to keep its shape (pad after a short prompt, rows of requests already done): 0 for the
     engine, which never pads, and the static batch's bill.
 
+    `row_positions` itemises `forward_tokens` by row (request id to the positions its row
+    computed: 1 for a decode, the whole sequence for a prefill) and `resumed` names the
+    prefill rows that were resumptions after a preemption, whose positions are all
+    recomputed: a counter of rows sees each as one row, these two see what each one cost.
+
     The pool fields describe the cache after the step: `held_blocks` are booked by some
     request, `needed_blocks` are what the K/V actually written (`kv_tokens` positions) fills,
     so held - needed is reservation waste and needed * block_size - kv_tokens is the unfilled
@@ -31,6 +36,8 @@ class IterationOutcome:
     finished: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    row_positions: dict[int, int] = field(default_factory=dict)
     rows: int = 0
     prefill_rows: int = 0
     forward_tokens: int = 0

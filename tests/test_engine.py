@@ -123,6 +123,28 @@ def test_resumed_request_prefills_prompt_plus_everything_it_generated(
     assert all(len(engine.request(i).output_token_ids) == 20 for i in ids)
 
 
+def test_outcome_itemises_positions_by_row(model: llmengine.Llama) -> None:
+    """A decode row is one position, a prefill row its whole sequence, a resume all recomputed."""
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=4)
+    prompts = prompts_for(4, 4, model.config.vocab_size, low=5, high=5)
+    for prompt in prompts:
+        engine.add_request(prompt, GREEDY)
+    resumed = 0
+    while engine.has_unfinished():
+        outcome = engine.step()
+        assert outcome.row_positions.keys() == outcome.tokens.keys()
+        assert sum(outcome.row_positions.values()) == outcome.forward_tokens
+        assert set(outcome.resumed) <= set(outcome.admitted)
+        assert outcome.recomputed_tokens == sum(outcome.row_positions[r] for r in outcome.resumed)
+        for request_id, positions in outcome.row_positions.items():
+            request = engine.request(request_id)
+            prefill = request.num_tokens - 1 if request_id in outcome.admitted else 1
+            assert positions == prefill
+            assert (request_id in outcome.resumed) == (positions > 5)
+        resumed += len(outcome.resumed)
+    assert resumed >= 2
+
+
 def test_abort_waiting_running_and_preempted(model: llmengine.Llama) -> None:
     engine = Engine(model, num_blocks=6, block_size=4, num_slots=2)
     prompts = prompts_for(5, 4, model.config.vocab_size, low=6, high=6)
