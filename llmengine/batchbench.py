@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import fmean
 from typing import TYPE_CHECKING, Protocol
 
 from llmengine.clocks import Clock, IterationClock
@@ -167,6 +168,35 @@ def smallest_pool_running_all(results: Sequence[PoolResult]) -> int | None:
         if timing.prefill_rows[0] == timing.num_requests and not timing.preemptions:
             return result.pool_blocks
     return None
+
+
+def victim_slowdown(result: PoolResult, baseline: PoolResult) -> float | None:
+    """The requests preempted in `result`: their mean latency there over theirs in `baseline`.
+
+    The clean counterpart of `preemption_latency_penalty`, whose control group is other
+    requests of the same run: here each victim is compared with itself in a pool where nobody
+    was preempted, so whatever else the small pool did to everybody is not mistaken for the
+    absence of a cost. 1.0 when nothing was preempted; None when the baseline latencies are
+    zero. ValueError when the two runs are not of one workload or the baseline preempted.
+    """
+    if len(result.run.request_ids) != len(baseline.run.request_ids):
+        raise ValueError(
+            f"{len(result.run.request_ids)} requests against {len(baseline.run.request_ids)}: "
+            "not the same workload"
+        )
+    if baseline.timing.preemptions:
+        raise ValueError(f"the baseline pool of {baseline.pool_blocks} blocks preempted too")
+    victims = [
+        index
+        for index, request_id in enumerate(result.run.request_ids)
+        if request_id in result.timing.preempted_at
+    ]
+    if not victims:
+        return 1.0
+    before = fmean(baseline.timing.latencies_s[baseline.run.request_ids[i]] for i in victims)
+    if not before:
+        return None
+    return fmean(result.timing.latencies_s[result.run.request_ids[i]] for i in victims) / before
 
 
 def check_same_outputs(results: Sequence[PoolResult]) -> None:

@@ -16,8 +16,10 @@ import pytest
 from llmengine.batchbench import (
     DivergentOutputError,
     PoolResult,
+    WorkloadRun,
     check_same_outputs,
     run_workload,
+    victim_slowdown,
 )
 from llmengine.benchreport import format_csv, format_table, sweep_summary
 from llmengine.clocks import IterationClock, ScriptedClock, WallClock
@@ -388,3 +390,21 @@ def test_summary_table_and_csv_agree() -> None:
     rows = list(csv.DictReader(io.StringIO(format_csv(summaries))))
     assert [row["pool_blocks"] for row in rows] == ["8", "4"]
     assert rows[0]["latencies_iterations"] == "2 3" and rows[0]["tokens_per_eviction"] == ""
+
+
+def one_victim_result() -> PoolResult:
+    outcomes = one_victim_run()
+    times = [float(i) for i in range(1, len(outcomes) + 1)]
+    run = WorkloadRun(outcomes, times, {0: Arrival(), 1: Arrival()}, [0, 1], [[10], [20]])
+    return PoolResult(4, run, run.timing())
+
+
+def test_victim_slowdown_compares_each_victim_with_itself() -> None:
+    cramped, roomy = one_victim_result(), pool_result(8, 3, 3)
+    # Request 1 finishes at 5 when evicted and at 3 in the roomy pool.
+    assert victim_slowdown(cramped, roomy) == pytest.approx(5 / 3)
+    assert victim_slowdown(roomy, roomy) == 1.0
+    with pytest.raises(ValueError, match="preempted too"):
+        victim_slowdown(roomy, cramped)
+    with pytest.raises(ValueError, match="not the same workload"):
+        victim_slowdown(cramped, pool_result(8, 3, 3, 3))
