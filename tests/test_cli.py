@@ -10,7 +10,6 @@ from hf_llama import save_random_llama
 import llmengine
 from llmengine.cli import build_parser, main
 from llmengine.generation import generate_text
-from llmengine.loader import embedded_model_path
 from llmengine.sampling import SamplingParams
 
 WORDS = ["<unk>", "<s>", "</s>", *(f"w{index}" for index in range(29))]
@@ -104,9 +103,6 @@ def test_python_dash_m_runs_the_command_line(checkpoint: Path) -> None:
     assert b"seed must be" in bad.stderr and b"Traceback" not in bad.stderr
 
 
-@pytest.mark.skipif(
-    not (embedded_model_path() / "config.json").is_file(), reason="embedded model not trained yet"
-)
 def test_generate_uses_the_embedded_model_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--prompt", "ROMEO:", "--max-tokens", "8"]) == 0
     assert capsys.readouterr().out.strip()

@@ -10,10 +10,7 @@ from hf_llama import hf_greedy, save_random_llama
 
 import llmengine
 from llmengine.generation import generate_text, generate_tokens
-from llmengine.loader import embedded_model_path
 from llmengine.sampling import SamplingParams
-
-HAS_EMBEDDED_MODEL = (embedded_model_path() / "config.json").is_file()
 
 
 class SuccessorModel(torch.nn.Module):
@@ -86,7 +83,6 @@ def test_matches_transformers_greedy_generate(tmp_path: Path) -> None:
     assert generate_tokens(model, prompt, params) == expected
 
 
-@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="the embedded model is not trained yet")
 def test_generate_text_with_the_embedded_model() -> None:
     model = llmengine.load_model()
     tokenizer = llmengine.load_tokenizer()
