@@ -117,77 +117,76 @@ class PagedWalkthrough:
         )
 
 
-def _colors(names: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+def _colors(walk: PagedWalkthrough) -> dict[str, tuple[float, float, float, float]]:
+    """One colour per sequence, in the order the sequences were added, the same in every plot."""
     import matplotlib
 
     palette = matplotlib.colormaps["tab10"]
-    return {name: palette(index % 10) for index, name in enumerate(sorted(set(names)))}
+    return {name: palette(index % 10) for index, name in enumerate(walk.tokens)}
 
 
-def _filled(snapshot: PoolSnapshot, name: str, index: int, block_size: int) -> int:
-    """Slots of a sequence's `index`-th block that hold K/V at this snapshot."""
-    return min(block_size, max(0, snapshot.lengths[name] - index * block_size))
+def _shade(snapshot: PoolSnapshot, name: str, index: int, block_size: int) -> float:
+    """Opacity of a sequence's `index`-th block: darker the more of its slots hold K/V."""
+    filled = min(block_size, max(0, snapshot.lengths[name] - index * block_size))
+    return 0.25 + 0.6 * filled / block_size
 
 
-def plot_tables_and_pool(snapshot: PoolSnapshot, num_blocks: int, block_size: int) -> Figure:
-    """Two views of one moment: each sequence's block table, and the pool those ids point into.
+def plot_tables_and_pool(walk: PagedWalkthrough, snapshot: PoolSnapshot | None = None) -> Figure:
+    """Two views of one moment (default: the last): the block tables, and the pool they index.
 
-    A cell's shade grows with how many of its `block_size` slots are filled.
+    Above, each sequence's table: logical block i to a physical block id. Below, the pool:
+    who holds each physical block, and as which of its blocks.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    colors = _colors(list(snapshot.tables))
-    width = max(num_blocks, max(len(t) for t in snapshot.tables.values()))
+    snapshot = snapshot or walk.snapshots[-1]
+    colors, size, names = _colors(walk), walk.block_size, sorted(snapshot.tables)
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(8.0, 4.8), height_ratios=[len(snapshot.tables), 1.6], layout="constrained"
+        2, 1, figsize=(8.0, 4.8), height_ratios=[len(names), 1.6], layout="constrained"
     )
-    for row, (name, table) in enumerate(sorted(snapshot.tables.items())):
-        for index, block in enumerate(table):
-            share = _filled(snapshot, name, index, block_size) / block_size
+    for row, name in enumerate(names):
+        for index, block in enumerate(snapshot.tables[name]):
+            alpha = _shade(snapshot, name, index, size)
             top.add_patch(
-                Rectangle(
-                    (index, -row - 1), 1, 1, fc=colors[name], alpha=0.25 + 0.6 * share, ec="black"
-                )
+                Rectangle((index, -row - 1), 1, 1, fc=colors[name], alpha=alpha, ec="black")
             )
-            top.text(index + 0.5, -row - 0.5, str(block), ha="center", va="center", fontsize=9)
-    top.set(xlim=(0, width), ylim=(-len(snapshot.tables), 0), xlabel="index in the block table")
-    top.set_yticks([-row - 0.5 for row in range(len(snapshot.tables))], sorted(snapshot.tables))
+            top.text(index + 0.5, -row - 0.5, str(block), ha="center", va="center")
+    width = max(len(table) for table in snapshot.tables.values())
+    top.set(xlim=(0, width), ylim=(-len(names), 0), xlabel="index in the block table")
+    top.set_xticks([index + 0.5 for index in range(width)], range(width))
+    top.set_yticks([-row - 0.5 for row in range(len(names))], names)
     top.set_title("block tables: logical block i of a sequence -> physical block id")
     owners = snapshot.owners()
-    for block in range(num_blocks):
+    for block in range(walk.pool.num_blocks):
+        face, alpha, text = "white", 1.0, ""
         if block in owners:
             name, index = owners[block]
-            share = _filled(snapshot, name, index, block_size) / block_size
-            face, alpha, text = colors[name], 0.25 + 0.6 * share, f"{name}{index}"
-        else:
-            face, alpha, text = "white", 1.0, ""
+            face, alpha, text = colors[name], _shade(snapshot, name, index, size), f"{name}{index}"
         bottom.add_patch(Rectangle((block, 0), 1, 1, fc=face, alpha=alpha, ec="black"))
         bottom.text(block + 0.5, 0.5, text, ha="center", va="center", fontsize=8)
-    bottom.set(xlim=(0, width), ylim=(0, 1), xlabel="physical block id")
-    bottom.set_xticks([block + 0.5 for block in range(num_blocks)], range(num_blocks))
+    bottom.set(xlim=(0, walk.pool.num_blocks), ylim=(0, 1), xlabel="physical block id")
+    bottom.set_xticks(
+        [block + 0.5 for block in range(walk.pool.num_blocks)], range(walk.pool.num_blocks)
+    )
     bottom.set_yticks([])
-    bottom.set_title("the pool: which sequence (and which of its blocks) each block holds")
+    bottom.set_title("the pool: which sequence, and which of its blocks, each block holds")
     for axis in (top, bottom):
         axis.grid(False)
     return fig
 
 
-def plot_pool_history(
-    snapshots: Sequence[PoolSnapshot], num_blocks: int, block_size: int
-) -> Figure:
+def plot_pool_history(walk: PagedWalkthrough) -> Figure:
     """The pool after every step, one row per snapshot: who holds each block, and how full."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
-    colors = _colors([name for snap in snapshots for name in snap.tables])
+    colors, snapshots, num_blocks = _colors(walk), walk.snapshots, walk.pool.num_blocks
     fig, axis = plt.subplots(figsize=(8.0, 0.28 * len(snapshots) + 1.4), layout="constrained")
     for row, snapshot in enumerate(snapshots):
         for block, (name, index) in snapshot.owners().items():
-            share = _filled(snapshot, name, index, block_size) / block_size
-            axis.add_patch(
-                Rectangle((block, -row - 1), 1, 1, fc=colors[name], alpha=0.25 + 0.6 * share)
-            )
+            alpha = _shade(snapshot, name, index, walk.block_size)
+            axis.add_patch(Rectangle((block, -row - 1), 1, 1, fc=colors[name], alpha=alpha))
     axis.set(xlim=(0, num_blocks), ylim=(-len(snapshots), 0), xlabel="physical block id")
     axis.set_xticks([block + 0.5 for block in range(num_blocks)], range(num_blocks))
     axis.set_yticks([-row - 0.5 for row in range(len(snapshots))], [s.label for s in snapshots])
@@ -197,5 +196,5 @@ def plot_pool_history(
         loc="upper left",
         bbox_to_anchor=(1.0, 1.0),
     )
-    axis.set_title("the pool over time (darker = fuller block)")
+    axis.set_title("the pool over time (white = free, darker = fuller block)")
     return fig

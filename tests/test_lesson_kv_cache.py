@@ -173,10 +173,7 @@ def test_07_plots_draw_the_run(model: Llama) -> None:
     from llmengine.paged_walkthrough import plot_pool_history, plot_tables_and_pool
 
     walk, _ = walkthrough(model)
-    figures = [
-        plot_tables_and_pool(walk.snapshots[-1], walk.pool.num_blocks, walk.block_size),
-        plot_pool_history(walk.snapshots, walk.pool.num_blocks, walk.block_size),
-    ]
+    figures = [plot_tables_and_pool(walk), plot_pool_history(walk)]
     assert [len(fig.axes) for fig in figures] == [2, 1]
 
 
