@@ -59,16 +59,16 @@ class PagedKVCache:
     def write(
         self, layer_index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        """Store `k`, `v` `[N, kv_heads, head_dim]` at flat slots `[N]`."""
-        self.keys[layer_index].flatten(0, 1)[slots] = k
-        self.values[layer_index].flatten(0, 1)[slots] = v
+        """Store `k`, `v` `[N, kv_heads, head_dim]` at flat slots `[N]` (no slot twice)."""
+        self.keys[layer_index].flatten(0, 1).index_copy_(0, slots, k)
+        self.values[layer_index].flatten(0, 1).index_copy_(0, slots, v)
 
     def gather(self, layer_index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at flat slots of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
-        return (
-            self.keys[layer_index].flatten(0, 1)[slots],
-            self.values[layer_index].flatten(0, 1)[slots],
-        )
+        flat, shape = slots.flatten(), (*slots.shape, *self.keys[layer_index].shape[2:])
+        keys = self.keys[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
+        values = self.values[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
+        return keys, values
 
 
 class PagedAttention:
@@ -90,6 +90,11 @@ class PagedAttention:
 
         self.cache = cache
         self.is_new = offsets < new_lengths[:, None]
+        # Where each packed token sits in the flattened padded batch; None when every row
+        # computes the same number of positions, since then the packed order is the batch.
+        self.padded_index = None
+        if not bool(self.is_new.all()):
+            self.padded_index = self.is_new.flatten().nonzero().squeeze(1)
         padded_positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
         self.positions = padded_positions[self.is_new][None]
         self.write_slots = slots_of(table, padded_positions, block_size)[self.is_new]
@@ -103,10 +108,14 @@ class PagedAttention:
     ) -> torch.Tensor:
         self.cache.write(layer_index, self.write_slots, k[0], v[0])
         keys, values = self.cache.gather(layer_index, self.read_slots)
-        padded_q = q.new_zeros((*self.is_new.shape, *q.shape[2:]))
-        padded_q[self.is_new] = q[0]
-        out = grouped_query_attention(padded_q, keys, values, mask=self.mask)
-        return out[self.is_new][None]
+        shape = (*self.is_new.shape, *q.shape[2:])
+        if self.padded_index is None:
+            out = grouped_query_attention(q.view(shape), keys, values, mask=self.mask)
+            return out.reshape(q.shape)
+        padded_q = q.new_zeros((self.is_new.numel(), *q.shape[2:]))
+        padded_q.index_copy_(0, self.padded_index, q[0])
+        out = grouped_query_attention(padded_q.view(shape), keys, values, mask=self.mask)
+        return out.flatten(0, 1).index_select(0, self.padded_index)[None]
 
 
 def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.device) -> torch.Tensor:
