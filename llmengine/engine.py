@@ -217,4 +217,4 @@ class Engine:
             raise ValueError("this engine has no tokenizer: pass tokenizer= to Engine")
         encoded = [self.tokenizer.encode(prompt) for prompt in prompts]
         outputs = self.generate(encoded, params)
-        return [self.tokenizer.decode(tokens) for tokens in outputs]
+        return [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]

@@ -64,9 +64,18 @@ def to_old_rope_layout(raw: dict[str, Any]) -> None:
 def hf_greedy(
     model: transformers.LlamaForCausalLM, prompt: torch.Tensor, steps: int
 ) -> list[list[int]]:
-    """Transformers' own greedy generation, never stopping early at an end token."""
+    """Transformers' own greedy generation, never stopping early at an end token.
+
+    The mask is explicit: without it generate() takes every `pad_token_id` in the prompt for
+    padding, and prompts here may contain that id (the embedded model's BOS is 0).
+    """
     out = model.generate(
-        prompt, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=steps,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
     )
     return out[:, prompt.shape[1] :].tolist()
 

@@ -30,8 +30,7 @@ def model(random_checkpoint: tuple[Path, object]) -> llmengine.Llama:
 
 def prompts_for(seed: int, count: int, vocab: int, low: int = 3, high: int = 13) -> list[list[int]]:
     rng = random.Random(seed)
-    # Token 0 is avoided: transformers' generate() reads it as padding.
-    return [[rng.randrange(1, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+    return [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
 def run_checked(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple:
@@ -232,3 +231,29 @@ def test_stress_many_requests_tiny_pool(model: llmengine.Llama) -> None:
         assert evictions > 10
         assert [cramped.request(i).output_token_ids for i in ids] == roomy
         assert cramped.num_free_blocks == 12 and cramped.slot_owners == [None] * 6
+
+
+def test_embedded_model_text_is_the_same_cramped_roomy_and_in_transformers() -> None:
+    """The shipped model through the engine: same text whatever the pool, equal to transformers."""
+    import transformers
+
+    model, tokenizer = llmengine.load_model(), llmengine.load_tokenizer()
+    prompts = ["ROMEO:\n", "JULIET:\nO", "HAMLET:\nTo be", "KING:\nWhat"]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    roomy = Engine(model, num_blocks=64, block_size=4, num_slots=4, tokenizer=tokenizer)
+    cramped = Engine(model, num_blocks=10, block_size=4, num_slots=4, tokenizer=tokenizer)
+    roomy_text = roomy.generate_text(prompts, params)
+    cramped_ids = [cramped.add_request(tokenizer.encode(p), params) for p in prompts]
+    evictions = 0
+    while cramped.has_unfinished():
+        evictions += len(cramped.step().evicted)
+    assert evictions > 0
+    cramped_text = [
+        tokenizer.decode(cramped.request(i).output_token_ids, skip_special_tokens=True)
+        for i in cramped_ids
+    ]
+    assert cramped_text == roomy_text
+    reference = transformers.AutoModelForCausalLM.from_pretrained(llmengine.embedded_model_path())
+    for prompt, text in zip(prompts, roomy_text, strict=True):
+        expected = hf_greedy(reference.eval(), torch.tensor([tokenizer.encode(prompt)]), 24)[0]
+        assert text == tokenizer.decode(expected, skip_special_tokens=True)
