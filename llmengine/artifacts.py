@@ -139,7 +139,7 @@ def _format_cell(value: Any, spec: str) -> str:
     text = format(value, spec)
     # A value that rounds to zero from below prints as "-0.00" on some runs and "0.00" on
     # others; one spelling keeps the committed tables stable.
-    if text.startswith("-") and text[1:].strip("0.") == "":
+    if _is_number(value) and text.startswith("-") and text[1:].strip("0.") == "":
         text = text[1:]
     return text.replace("|", "\\|")
 

@@ -100,6 +100,11 @@ def test_markdown_table_aligns_and_formats() -> None:
     )
 
 
+def test_markdown_table_keeps_a_dash_that_is_text() -> None:
+    table = artifacts.markdown_table([("-", -0.0001)], headers=["a", "b"], formats=["", ".2f"])
+    assert table.splitlines()[2] == "| -   | 0.00 |"
+
+
 def test_markdown_table_rejects_ragged_input() -> None:
     with pytest.raises(ValueError, match="row 1"):
         artifacts.markdown_table([(1, 2), (3,)], headers=["a", "b"])
