@@ -80,10 +80,11 @@ def test_saved_figures_are_byte_reproducible(artifacts_root: Path) -> None:
         assert path == artifacts_root / "figures" / f"{name}.png"
         return path.read_bytes()
 
+    open_before = plt.get_fignums()
     first, second = draw("one"), draw("two")
     assert first.startswith(b"\x89PNG") and first == second
     assert b"matplotlib" not in first.lower()
-    assert plt.get_fignums() == []
+    assert plt.get_fignums() == open_before
 
 
 def test_markdown_table_aligns_and_formats() -> None:
