@@ -1,0 +1,187 @@
+"""The throughput benchmark's measurement functions, on a tiny random model; no timing asserted.
+
+What is checked is what the numbers are made of: which tokens count as useful, that the three
+engines really generate the same tokens from the same weights, the agreement and ratio
+arithmetic, the interleaving of repeats, and that the step profile's phases add up.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import llmengine
+from llmengine import throughput
+from llmengine.throughput import Agreement, EngineRun
+
+TINY = {
+    "vocab_size": 101,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.3,  # varied greedy continuations, far from argmax ties
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory):
+    folder = throughput.save_random_checkpoint(tmp_path_factory.mktemp("tiny"), seed=3, **TINY)
+    return throughput.load_both(folder)
+
+
+@pytest.fixture(scope="module")
+def mixed() -> list[llmengine.RequestSpec]:
+    return llmengine.mixed_workload(6, prompt_lens=(2, 9), budgets=(2, 12), vocab_size=101, seed=5)
+
+
+def run(engine: str, seconds: float, outputs: list[list[int]]) -> EngineRun:
+    return EngineRun(engine, seconds, outputs, sum(len(out) for out in outputs))
+
+
+def test_checkpoint_is_the_same_model_in_both_libraries(models) -> None:
+    model, hf_model = models
+    assert throughput.parameter_count(model) == throughput.parameter_count(hf_model)
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    with torch.inference_mode():
+        ours, theirs = model(ids), hf_model(ids).logits
+    assert torch.allclose(ours, theirs, atol=1e-4)
+
+
+def test_bench_shape_is_the_configuration_the_issue_names() -> None:
+    shape = throughput.BENCH_SHAPE
+    assert (shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]) == (512, 8, 8192)
+    assert (shape["num_attention_heads"], shape["num_key_value_heads"]) == (8, 4)
+
+
+def test_useful_tokens_count_each_output_up_to_its_own_budget(mixed) -> None:
+    budgets = throughput.budgets_of(mixed)
+    exact = [[1] * budget for budget in budgets]
+    longer = [[1] * (budget + 3) for budget in budgets]
+    assert throughput.useful_tokens(exact, mixed) == sum(budgets)
+    assert throughput.useful_tokens(longer, mixed) == sum(budgets)
+    short = [[1] * (budget - 1) for budget in budgets]
+    assert throughput.useful_tokens(short, mixed) == sum(budgets) - len(mixed)
+    with pytest.raises(ValueError, match="outputs"):
+        throughput.useful_tokens(exact[1:], mixed)
+
+
+def test_pool_holds_every_worst_case(mixed) -> None:
+    expected = sum(
+        llmengine.blocks_for_length(len(spec.prompt_token_ids) + spec.params.max_tokens, 4)
+        for spec in mixed
+    )
+    assert throughput.pool_blocks(mixed, 4) == expected
+
+
+def test_left_padding_puts_every_prompt_at_the_right_edge() -> None:
+    ids, mask = throughput.left_padded([[5, 6, 7], [8]])
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_three_engines_generate_the_same_tokens_and_count_only_budgets(models, mixed) -> None:
+    model, hf_model = models
+    runs = {
+        "llmengine": throughput.run_llmengine(model, mixed, block_size=4),
+        "generate": throughput.run_generate(hf_model, mixed),
+        "generate_batch": throughput.run_generate_batch(hf_model, mixed, block_size=4),
+    }
+    budgets = throughput.budgets_of(mixed)
+    for name, engine_run in runs.items():
+        assert engine_run.engine == name
+        assert [len(out) for out in engine_run.outputs] == budgets
+        assert engine_run.useful_tokens == sum(budgets)
+        assert engine_run.seconds > 0
+    reference = runs["llmengine"].outputs
+    assert reference == llmengine.Engine(model, num_blocks=64, block_size=4).generate(
+        throughput.prompts_of(mixed), [spec.params for spec in mixed]
+    )
+    for name in ("generate", "generate_batch"):
+        assert throughput.agreement(reference, runs[name].outputs) == Agreement(
+            len(mixed), len(mixed), sum(budgets), sum(budgets)
+        )
+
+
+def test_agreement_counts_requests_and_tokens_before_the_first_difference() -> None:
+    reference = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    other = [[1, 2, 3], [4, 0, 6, 7], [1, 9]]
+    assert throughput.agreement(reference, other) == Agreement(1, 3, 3 + 1 + 0, 9)
+    assert throughput.agreement(reference, other, among=[1]) == Agreement(0, 1, 1, 4)
+    assert throughput.agreement(reference, [[1, 2], [4, 5, 6, 7], [8, 9]]) == Agreement(
+        2, 3, 2 + 4 + 2, 9
+    )
+    with pytest.raises(ValueError, match="reference outputs"):
+        throughput.agreement(reference, other[:2])
+
+
+def test_unpadded_requests_are_those_with_the_longest_prompt() -> None:
+    params = llmengine.SamplingParams(max_tokens=2)
+    workload = [
+        llmengine.RequestSpec(tuple(range(1, length + 1)), params) for length in (3, 5, 2, 5)
+    ]
+    assert throughput.unpadded_requests(workload) == [1, 3]
+
+
+def test_speedup_is_the_ratio_of_useful_tokens_per_second() -> None:
+    fast = run("llmengine", 2.0, [[1] * 30, [1] * 10])  # 20 tokens/s
+    slow = run("generate", 5.0, [[1] * 40, [1] * 10])  # 10 tokens/s
+    assert fast.tokens_per_s == 20.0
+    assert slow.tokens_per_s == 10.0
+    assert throughput.speedup(fast, slow) == 2.0
+    assert throughput.speedup(slow, fast) == 0.5
+
+
+def test_median_run_takes_the_middle_duration_and_refuses_different_tokens() -> None:
+    runs = [run("x", seconds, [[1, 2]]) for seconds in (3.0, 1.0, 2.0)]
+    assert throughput.median_run(runs).seconds == 2.0
+    assert throughput.median_run(runs[:2]).seconds == 1.0  # even count: the faster middle
+    with pytest.raises(RuntimeError, match="different tokens"):
+        throughput.median_run([*runs, run("x", 4.0, [[1, 3]])])
+
+
+def test_compare_engines_warms_up_then_interleaves_the_rounds(mixed) -> None:
+    calls: list[tuple[str, int]] = []
+    clock = iter(float(n) for n in range(1, 100))
+
+    def runner(name: str):
+        def serve(workload):
+            calls.append((name, len(workload)))
+            return run(name, next(clock), [[1] * spec.params.max_tokens for spec in workload])
+
+        return serve
+
+    results = throughput.compare_engines(
+        {"a": runner("a"), "b": runner("b")}, mixed, repeats=3, warmup=2
+    )
+    assert calls == [("a", 2), ("b", 2)] + [("a", 6), ("b", 6)] * 3
+    assert results["a"].seconds == 5.0  # a's rounds took 3, 5, 7 clock readings
+    assert results["b"].seconds == 6.0
+    with pytest.raises(ValueError, match="repeats"):
+        throughput.compare_engines({"a": runner("a")}, mixed, repeats=0)
+
+
+def test_step_profile_phases_add_up_and_leave_the_engine_as_it_was(models, mixed) -> None:
+    model, _ = models
+    engine = llmengine.Engine(model, num_blocks=64, block_size=4, num_slots=len(mixed))
+    profile = throughput.profile_steps(engine, mixed)
+    # Everyone is admitted in the first forward: one forward per token of the longest budget.
+    assert profile.steps == max(throughput.budgets_of(mixed))
+    assert list(profile.seconds) == list(throughput.PHASES)
+    assert all(seconds >= 0 for seconds in profile.seconds.values())
+    assert profile.seconds[throughput.FORWARD_PHASE] > 0
+    assert sum(profile.share(phase) for phase in throughput.PHASES) == pytest.approx(1.0)
+    assert profile.outside_forward_share == pytest.approx(
+        1.0 - profile.share(throughput.FORWARD_PHASE)
+    )
+    assert "schedule" not in vars(engine.scheduler)
+    assert "forward_hidden" not in vars(model) and "compute_logits" not in vars(model)
+    assert not engine.has_unfinished()
+
+
+def test_machine_description_names_what_the_numbers_depend_on() -> None:
+    described = dict(throughput.machine_description())
+    assert described["torch"] == torch.__version__
+    assert {"processor", "logical CPUs", "torch threads", "transformers"} <= described.keys()
