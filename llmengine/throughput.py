@@ -457,6 +457,62 @@ def profile_steps(engine: Engine, workload: Sequence[RequestSpec]) -> StepProfil
     return StepProfile(steps, seconds)
 
 
+# -- what a forward is made of -------------------------------------------------------------
+
+
+def operator_calls(run: Callable[[], object]) -> int:
+    """How many PyTorch operators `run` dispatches (the operators those call in turn not counted).
+
+    Counted by a dispatch mode rather than `torch.profiler`, which prints to the terminal.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        ) -> Any:
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    counting = Counting()
+    with counting:
+        run()
+    return counting.calls
+
+
+def decode_weights(model: Llama) -> list[torch.Tensor]:
+    """The weight matrices a decode step multiplies each row by, once each.
+
+    Every linear layer's, and the embedding table only when it is also the output projection
+    (otherwise it is just looked up).
+    """
+    weights = [layer.weight for layer in model.modules() if isinstance(layer, torch.nn.Linear)]
+    if model.lm_head is None:
+        weights.append(model.embed_tokens.weight)
+    return weights
+
+
+def matrix_product_seconds(model: Llama, rows: int, repeats: int = 5) -> float:
+    """Wall time of only the matrix products of a `rows`-row decode step, run back to back.
+
+    Each of `decode_weights` times a `[rows, in]` block of random activations, median of
+    `repeats` passes. A real step takes longer by whatever else it does: the other operators,
+    and the fixed cost of launching each one.
+    """
+    weights = decode_weights(model)
+    inputs = [torch.randn(rows, weight.shape[1], dtype=weight.dtype) for weight in weights]
+    durations = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for activations, weight in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(activations, weight)
+            durations.append(time.perf_counter() - start)
+    return sorted(durations)[len(durations) // 2]
+
+
 # -- the machine the numbers belong to -----------------------------------------------------
 
 

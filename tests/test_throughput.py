@@ -185,3 +185,30 @@ def test_machine_description_names_what_the_numbers_depend_on() -> None:
     described = dict(throughput.machine_description())
     assert described["torch"] == torch.__version__
     assert {"processor", "logical CPUs", "torch threads", "transformers"} <= described.keys()
+
+
+def test_operator_calls_count_only_the_calls_made_from_python() -> None:
+    assert throughput.operator_calls(lambda: torch.ones(3) + 1) == 2  # ones, add
+
+
+def test_decode_weights_are_every_matrix_once(models) -> None:
+    model, _ = models  # untied: the embedding table is only looked up
+    hidden, inner, vocab = TINY["hidden_size"], TINY["intermediate_size"], TINY["vocab_size"]
+    head_dim = hidden // TINY["num_attention_heads"]
+    kv = TINY["num_key_value_heads"] * head_dim
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inner
+    weights = throughput.decode_weights(model)
+    assert sum(w.numel() for w in weights) == TINY["num_hidden_layers"] * per_layer + vocab * hidden
+    assert len(weights) == 7 * TINY["num_hidden_layers"] + 1  # q k v o gate up down, lm_head
+
+
+def test_decode_weights_of_a_tied_model_include_the_embedding_once() -> None:
+    model = llmengine.load_model()  # the embedded model ties its output to its embedding
+    assert model.lm_head is None
+    weights = throughput.decode_weights(model)
+    assert sum(w is model.embed_tokens.weight for w in weights) == 1
+
+
+def test_matrix_product_time_is_positive(models) -> None:
+    model, _ = models
+    assert throughput.matrix_product_seconds(model, rows=4, repeats=3) > 0
