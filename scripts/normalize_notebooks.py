@@ -4,8 +4,9 @@
 only when what it shows changes. It removes execution timestamps, gives cells ids derived
 from their position, pins kernel metadata, replaces machine paths (the repository, the
 temporary folder, the home folder) in outputs, keeps only the final state of lines that a
-progress bar rewrote with carriage returns, drops widget state, and strips trailing
-whitespace from outputs. Running it twice changes nothing the second time.
+progress bar rewrote with carriage returns, joins printed text that the kernel happened to
+flush in pieces, drops widget state, and strips trailing whitespace from outputs. Running it
+twice changes nothing the second time.
 
 Usage: normalize_notebooks.py [--check] NOTEBOOK...
 With --check it rewrites nothing and exits 1 if any notebook is not normalised.
@@ -74,6 +75,26 @@ def clean_output(
     output.get("metadata", {}).pop("execution", None)
 
 
+def merge_streams(outputs: list[nbformat.NotebookNode]) -> list[nbformat.NotebookNode]:
+    """Join consecutive outputs of the same stream into one.
+
+    How printed text is split into outputs depends on when the kernel flushed, which varies
+    from run to run; the joined text does not.
+    """
+    merged: list[nbformat.NotebookNode] = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            previous is not None
+            and output.output_type == previous.output_type == "stream"
+            and output.name == previous.name
+        ):
+            previous.text += output.text
+        else:
+            merged.append(output)
+    return merged
+
+
 def normalize_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Normalise a notebook in place and return it."""
     rules = path_replacements()
@@ -85,6 +106,8 @@ def normalize_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.id = f"cell-{index:03d}"
         for key in NOISY_CELL_METADATA:
             cell.metadata.pop(key, None)
+        if "outputs" in cell:
+            cell.outputs = merge_streams(cell.outputs)
         for output in cell.get("outputs", []):
             clean_output(output, rules)
     return nb

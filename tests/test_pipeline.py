@@ -129,7 +129,11 @@ def noisy_notebook() -> str:
                     "execution_count": 1,
                     "id": "random-b",
                     "metadata": {"execution": {"iopub.execute_input": "2026-11-29T13:00:00Z"}},
-                    "outputs": [{"name": "stdout", "output_type": "stream", "text": stream}],
+                    "outputs": [
+                        {"name": "stdout", "output_type": "stream", "text": stream},
+                        {"name": "stdout", "output_type": "stream", "text": "flushed later\n"},
+                        {"name": "stderr", "output_type": "stream", "text": "warning\n"},
+                    ],
                     "source": "print('hi')",
                 },
             ],
@@ -150,13 +154,15 @@ def test_normalizer_strips_machine_noise_and_is_idempotent() -> None:
     assert [cell["id"] for cell in notebook["cells"]] == ["cell-000", "cell-001"]
     assert '"execution": {' not in clean and "3.11.7" not in clean
     assert notebook["metadata"]["kernelspec"]["display_name"] == "Python 3 (ipykernel)"
-    text = "".join(notebook["cells"][1]["outputs"][0]["text"])
-    assert text == (
+    stdout, stderr = notebook["cells"][1]["outputs"]
+    assert "".join(stdout["text"]) == (
         "saved <repo>/figures/kv.png\n"
         "cache at ~/.cache/x and <tmp>\n"
         "progress 100%\n"
         "<object at 0x...>\n"
+        "flushed later\n"
     )
+    assert stderr["name"] == "stderr"
 
 
 def test_normalizer_check_mode_reports_without_rewriting(tmp_path: Path) -> None:
