@@ -275,8 +275,8 @@ def report(
         "per-layer K/V writes and gathers run inside the forward and count there. Target on the "
         f"random model: under 10% outside the forward; measured {outside:.1%} "
         f"({'met' if outside < 0.10 else 'MISSED'}). Scheduling, index building and sampling "
-        "cost about the same whatever the model, so on the embedded model, whose forward is "
-        "several times shorter, they are a larger share.\n\n"
+        "grow far less with the model than its forward does, so on the embedded model, whose "
+        "forward is several times shorter, they are a larger share.\n\n"
         + profile_table(profiles)
         + "\n## The cost of one call\n\n"
         "One request, one token, on the embedded model: what a call costs before it does any "
