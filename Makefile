@@ -14,7 +14,7 @@ export PYTHONHASHSEED := 0
 # One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: reports test lint format model
+.PHONY: reports test lint format model bench
 
 # torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -50,3 +50,9 @@ format: $(STAMP)
 
 model: $(STAMP)
 	$(BIN)/python scripts/train_embedded_model.py
+
+# Benchmarks measured by hand, not by CI: they write wall-clock tables to reports/wallclock/.
+# torch picks its own thread count here (each script takes --threads to pin it).
+bench: $(STAMP)
+	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_decode_step.py
+	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_throughput.py
