@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llmengine.bench_cache import BENCH_SHAPE
 from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
 from llmengine.model import Llama
@@ -39,19 +40,6 @@ if TYPE_CHECKING:
 
 ENGINES = ("llmengine", "generate", "generate_batch")
 PAD_TOKEN_ID = 0  # left padding; masked out, so any id works
-# The ~32M-parameter random Llama of the benchmarks (the shape `bench_cache` uses too).
-BENCH_SHAPE: dict[str, Any] = {
-    "vocab_size": 8192,
-    "hidden_size": 512,
-    "intermediate_size": 1376,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
-
-
 # -- the same weights for both libraries ---------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Useful tokens per second: llmengine against transformers `generate` and `generate_batch`.
 
-Two models: the embedded one, and a random Llama of `throughput.BENCH_SHAPE` (~32M parameters)
+Two models: the embedded one, and a random Llama of `bench_cache.BENCH_SHAPE` (~32M parameters)
 written by transformers and read back by llmengine, so both libraries run the very same
 weights. Two workloads: a uniform burst (32 requests, 32-token prompts, 64 tokens each) and a
 mixed one (48 requests, prompts 8-64, budgets 8-128, seeded). Three engines (see

@@ -19,26 +19,27 @@ LLAMA3_ROPE = {
 }
 
 
+# A tiny shape every test can afford. The large `initializer_range` makes greedy
+# continuations varied instead of one token repeated, far from argmax ties.
+TINY_LLAMA: dict[str, Any] = {
+    "vocab_size": 101,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.3,
+    "tie_word_embeddings": False,
+}
+
+
 def save_random_llama(
     folder: Path, *, seed: int = 0, max_shard_size: str | None = None, **overrides: Any
 ) -> transformers.LlamaForCausalLM:
-    """Build a small seeded `LlamaForCausalLM`, save it to `folder`, return it in eval mode.
-
-    The large `initializer_range` makes greedy continuations varied instead of one
-    token repeated, so a generation test has something to compare.
-    """
-    settings: dict[str, Any] = {
-        "vocab_size": 101,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "initializer_range": 0.3,
-        "tie_word_embeddings": False,
-    }
-    settings.update(overrides)
+    """Build a small seeded `LlamaForCausalLM` (`TINY_LLAMA` plus `overrides`), save it to
+    `folder`, return it in eval mode."""
+    settings: dict[str, Any] = {**TINY_LLAMA, **overrides}
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}

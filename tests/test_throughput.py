@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_llama import TINY_LLAMA
 
 import llmengine
-from llmengine import throughput
+from llmengine import bench_cache, throughput
 from llmengine.throughput import Agreement, EngineRun
-
-TINY = {
-    "vocab_size": 101,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "initializer_range": 0.3,  # varied greedy continuations, far from argmax ties
-}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory):
-    folder = throughput.save_random_checkpoint(tmp_path_factory.mktemp("tiny"), seed=3, **TINY)
+    folder = throughput.save_random_checkpoint(
+        tmp_path_factory.mktemp("tiny"), seed=3, **TINY_LLAMA
+    )
     return throughput.load_both(folder)
 
 
@@ -51,7 +43,7 @@ def test_checkpoint_is_the_same_model_in_both_libraries(models) -> None:
 
 
 def test_bench_shape_is_the_configuration_the_issue_names() -> None:
-    shape = throughput.BENCH_SHAPE
+    shape = bench_cache.BENCH_SHAPE
     assert (shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]) == (512, 8, 8192)
     assert (shape["num_attention_heads"], shape["num_key_value_heads"]) == (8, 4)
 
@@ -193,13 +185,20 @@ def test_operator_calls_count_only_the_calls_made_from_python() -> None:
 
 def test_decode_weights_are_every_matrix_once(models) -> None:
     model, _ = models  # untied: the embedding table is only looked up
-    hidden, inner, vocab = TINY["hidden_size"], TINY["intermediate_size"], TINY["vocab_size"]
-    head_dim = hidden // TINY["num_attention_heads"]
-    kv = TINY["num_key_value_heads"] * head_dim
+    hidden, inner, vocab = (
+        TINY_LLAMA["hidden_size"],
+        TINY_LLAMA["intermediate_size"],
+        TINY_LLAMA["vocab_size"],
+    )
+    head_dim = hidden // TINY_LLAMA["num_attention_heads"]
+    kv = TINY_LLAMA["num_key_value_heads"] * head_dim
     per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inner
     weights = throughput.decode_weights(model)
-    assert sum(w.numel() for w in weights) == TINY["num_hidden_layers"] * per_layer + vocab * hidden
-    assert len(weights) == 7 * TINY["num_hidden_layers"] + 1  # q k v o gate up down, lm_head
+    assert (
+        sum(w.numel() for w in weights)
+        == TINY_LLAMA["num_hidden_layers"] * per_layer + vocab * hidden
+    )
+    assert len(weights) == 7 * TINY_LLAMA["num_hidden_layers"] + 1  # q k v o gate up down, lm_head
 
 
 def test_decode_weights_of_a_tied_model_include_the_embedding_once() -> None:
