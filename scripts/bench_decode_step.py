@@ -13,7 +13,6 @@ A wall-clock benchmark, not a test: its numbers belong to the machine that ran i
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ from llmengine.bench_cache import (
     time_decode_step,
 )
 from llmengine.model import Llama
+from llmengine.throughput import machine_description
 
 BATCHES = (8, 32)
 CONTEXTS = (64, 128, 256, 512)
@@ -57,14 +57,9 @@ def commit() -> str:
 
 
 def machine() -> list[tuple[str, str]]:
-    """What the numbers depend on: the processor, its load, the threads, the software."""
+    """What the numbers depend on (`throughput.machine_description`), plus checkout and OS."""
     return [
-        ("machine", f"{platform.machine()}, {os.cpu_count()} logical CPUs visible"),
-        ("processor", platform.processor() or platform.uname().machine),
-        ("torch threads", str(torch.get_num_threads())),
-        ("load average at start (1, 5, 15 min)", ", ".join(f"{x:.1f}" for x in os.getloadavg())),
-        ("python", platform.python_version()),
-        ("torch", torch.__version__),
+        *machine_description(),
         ("llmengine commit", commit()),
         ("platform", platform.platform()),
     ]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from bench_decode_step import commit  # scripts/ is on the path when this script runs
+from bench_decode_step import machine  # scripts/ is on the path when this script runs
 
 import llmengine
 from llmengine import throughput
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    setting = [*throughput.machine_description(), ("llmengine commit", commit())]
+    setting = machine()
     with tempfile.TemporaryDirectory() as folder:
         throughput.save_random_checkpoint(folder, seed=0)
         pairs = {
