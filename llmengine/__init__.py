@@ -1,8 +1,15 @@
-"""llmengine: an LLM inference engine built from scratch, one measured lesson at a time."""
+"""llmengine: an LLM inference engine built from scratch, one measured lesson at a time.
 
-from llmengine.batchbench import run_workload as run_workload
-from llmengine.batchbench import smallest_pool_running_all as smallest_pool_running_all
-from llmengine.batchbench import sweep_pool_sizes as sweep_pool_sizes
+The package has layers, and this front door shows them. The serving core (model, loader,
+tokenizer, sampling, KV cache, request, scheduler, engine) sits directly in `llmengine` and is
+imported here. `llmengine.bench` (workloads, batchbench, timing, throughput) and
+`llmengine.lessons` (figures and walkthroughs for the notebooks) sit above it; the bench names
+re-exported below load on first use, so `import llmengine` costs only the core.
+"""
+
+from importlib import import_module
+from typing import Any
+
 from llmengine.blocks import BlockPool as BlockPool
 from llmengine.blocks import BlockTable as BlockTable
 from llmengine.blocks import blocks_for_length as blocks_for_length
@@ -23,13 +30,33 @@ from llmengine.request import Request as Request
 from llmengine.request import RequestState as RequestState
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduler import Scheduler as Scheduler
-from llmengine.static_batch import run_static_batches as run_static_batches
-from llmengine.timing import ContinuousTiming as ContinuousTiming
 from llmengine.tokenizer import load_tokenizer as load_tokenizer
-from llmengine.workloads import RequestSpec as RequestSpec
-from llmengine.workloads import mixed_workload as mixed_workload
-from llmengine.workloads import poisson_arrivals as poisson_arrivals
-from llmengine.workloads import staggered as staggered
-from llmengine.workloads import uniform_burst as uniform_burst
-from llmengine.workloads import with_arrivals as with_arrivals
-from llmengine.workloads import with_budgets as with_budgets
+
+# Names from the bench layer, by the module that defines them: resolved by `__getattr__`
+# the first time they are asked for, never at `import llmengine`.
+BENCH_NAMES: dict[str, str] = {
+    "run_workload": "llmengine.bench.batchbench",
+    "smallest_pool_running_all": "llmengine.bench.batchbench",
+    "sweep_pool_sizes": "llmengine.bench.batchbench",
+    "run_static_batches": "llmengine.bench.static_batch",
+    "ContinuousTiming": "llmengine.bench.timing",
+    "RequestSpec": "llmengine.bench.workloads",
+    "mixed_workload": "llmengine.bench.workloads",
+    "poisson_arrivals": "llmengine.bench.workloads",
+    "staggered": "llmengine.bench.workloads",
+    "uniform_burst": "llmengine.bench.workloads",
+    "with_arrivals": "llmengine.bench.workloads",
+    "with_budgets": "llmengine.bench.workloads",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in BENCH_NAMES:
+        raise AttributeError(f"module 'llmengine' has no attribute {name!r}")
+    value = getattr(import_module(BENCH_NAMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(BENCH_NAMES))

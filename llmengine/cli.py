@@ -110,9 +110,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     import json
 
     import llmengine
-    from llmengine.batchbench import DivergentOutputError, sweep_pool_sizes
-    from llmengine.benchreport import format_csv, format_table, sweep_summary
-    from llmengine.workloads import uniform_burst
+    from llmengine.bench.batchbench import DivergentOutputError, sweep_pool_sizes
+    from llmengine.bench.report import format_csv, format_table, sweep_summary
+    from llmengine.bench.workloads import uniform_burst
 
     model = llmengine.load_model(args.model)
     workload = uniform_burst(

@@ -24,16 +24,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import llmengine
-from llmengine.artifacts import markdown_table, write_report
-from llmengine.bench_cache import (
+from llmengine.bench.decode_step import (
     BENCH_CONFIG,
     DecodeTiming,
     prepare_decode_steps,
     random_llama,
     time_decode_step,
 )
+from llmengine.bench.throughput import machine_description
+from llmengine.lessons.artifacts import markdown_table, write_report
 from llmengine.model import Llama
-from llmengine.throughput import machine_description
 
 BATCHES = (8, 32)
 CONTEXTS = (64, 128, 256, 512)

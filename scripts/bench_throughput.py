@@ -1,6 +1,6 @@
 """Useful tokens per second: llmengine against transformers `generate` and `generate_batch`.
 
-Two models: the embedded one, and a random Llama of `bench_cache.BENCH_SHAPE` (~32M parameters)
+Two models: the embedded one, and a random Llama of `decode_step.BENCH_SHAPE` (~32M parameters)
 written by transformers and read back by llmengine, so both libraries run the very same
 weights. Two workloads: a uniform burst (32 requests, 32-token prompts, 64 tokens each) and a
 mixed one (48 requests, prompts 8-64, budgets 8-128, seeded). Three engines (see
@@ -25,10 +25,10 @@ import torch
 from bench_decode_step import machine  # scripts/ is on the path when this script runs
 
 import llmengine
-from llmengine import throughput
-from llmengine.artifacts import markdown_table, write_report
-from llmengine.throughput import ENGINES, EngineRun
-from llmengine.workloads import RequestSpec
+from llmengine.bench import throughput
+from llmengine.bench.throughput import ENGINES, EngineRun
+from llmengine.bench.workloads import RequestSpec
+from llmengine.lessons.artifacts import markdown_table, write_report
 
 REPORT = "throughput-vs-transformers"
 BLOCK_SIZE = 16

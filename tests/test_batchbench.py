@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from llmengine.batchbench import (
+from llmengine.bench.batchbench import (
     DivergentOutputError,
     PoolResult,
     WorkloadRun,
@@ -21,12 +21,10 @@ from llmengine.batchbench import (
     run_workload,
     victim_slowdown,
 )
-from llmengine.benchreport import format_csv, format_table, sweep_summary
-from llmengine.clocks import IterationClock, ScriptedClock, WallClock
-from llmengine.outcome import IterationOutcome
-from llmengine.sampling import SamplingParams
-from llmengine.timing import Arrival, ContinuousTiming, percentile
-from llmengine.workloads import (
+from llmengine.bench.clocks import IterationClock, ScriptedClock, WallClock
+from llmengine.bench.report import format_csv, format_table, sweep_summary
+from llmengine.bench.timing import Arrival, ContinuousTiming, percentile
+from llmengine.bench.workloads import (
     RequestSpec,
     mixed_workload,
     poisson_arrivals,
@@ -34,6 +32,8 @@ from llmengine.workloads import (
     uniform_burst,
     with_arrivals,
 )
+from llmengine.outcome import IterationOutcome
+from llmengine.sampling import SamplingParams
 
 
 def step(**fields: object) -> IterationOutcome:

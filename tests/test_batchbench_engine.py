@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 import llmengine
-from llmengine.batchbench import PoolResult, run_workload, sweep_pool_sizes
-from llmengine.clocks import WallClock
+from llmengine.bench.batchbench import PoolResult, run_workload, sweep_pool_sizes
+from llmengine.bench.clocks import WallClock
+from llmengine.bench.workloads import mixed_workload, staggered, uniform_burst
 from llmengine.engine import Engine
-from llmengine.workloads import mixed_workload, staggered, uniform_burst
 
 DAY34_POOLS = [48, 32, 24, 16, 12, 8]
 

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from llmengine.diagrams import draw_state_machine  # noqa: E402
+from llmengine.lessons.diagrams import draw_state_machine  # noqa: E402
 from llmengine.request import TRANSITIONS  # noqa: E402
 
 

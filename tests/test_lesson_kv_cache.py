@@ -13,17 +13,17 @@ import random
 import pytest
 import torch
 
-from llmengine.bench_cache import prepare_decode_steps, random_llama, time_decode_step
+from llmengine.bench.decode_step import prepare_decode_steps, random_llama, time_decode_step
 from llmengine.blocks import BlockTable, blocks_for_length
-from llmengine.cached_generation import generate_greedy_contiguous
 from llmengine.config import LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.forward_log import ForwardLog
-from llmengine.fragmentation import kv_bytes_per_position, measure_tail_waste
 from llmengine.generation import generate_tokens
+from llmengine.lessons.cached_generation import generate_greedy_contiguous
+from llmengine.lessons.forward_log import ForwardLog
+from llmengine.lessons.fragmentation import kv_bytes_per_position, measure_tail_waste
+from llmengine.lessons.paged_walkthrough import PagedWalkthrough
 from llmengine.model import Llama
 from llmengine.paged_cache import PagedKVCache, slots_of
-from llmengine.paged_walkthrough import PagedWalkthrough
 from llmengine.sampling import SamplingParams
 
 TINY = LlamaConfig(
@@ -170,7 +170,7 @@ def test_07_plots_draw_the_run(model: Llama) -> None:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
-    from llmengine.paged_walkthrough import plot_pool_history, plot_tables_and_pool
+    from llmengine.lessons.paged_walkthrough import plot_pool_history, plot_tables_and_pool
 
     walk, _ = walkthrough(model)
     figures = [plot_tables_and_pool(walk), plot_pool_history(walk)]

@@ -22,8 +22,8 @@ from safetensors import safe_open
 
 import llmengine
 from llmengine.config import Llama3RopeScaling, LlamaConfig
-from llmengine.forward_log import ForwardLog
 from llmengine.generation import generate_text, generate_tokens
+from llmengine.lessons.forward_log import ForwardLog
 from llmengine.loader import embedded_model_path
 from llmengine.model import MLP, Attention, RMSNorm
 from llmengine.rope import RotaryEmbedding, apply_rotary, inverse_frequencies

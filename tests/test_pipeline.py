@@ -7,7 +7,7 @@ from types import ModuleType
 
 import pytest
 
-from llmengine import artifacts
+from llmengine.lessons import artifacts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMITTED_NOTEBOOKS = sorted((REPO_ROOT / "lessons").glob("*.ipynb"))

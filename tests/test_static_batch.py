@@ -9,20 +9,20 @@ from __future__ import annotations
 import pytest
 
 import llmengine
-from llmengine.batchbench import run_workload
-from llmengine.clocks import ScriptedClock
-from llmengine.engine import Engine
-from llmengine.outcome import IterationOutcome
-from llmengine.sampling import SamplingParams
-from llmengine.static_batch import run_static_batches
-from llmengine.timing import ContinuousTiming
-from llmengine.workloads import (
+from llmengine.bench.batchbench import run_workload
+from llmengine.bench.clocks import ScriptedClock
+from llmengine.bench.static_batch import run_static_batches
+from llmengine.bench.timing import ContinuousTiming
+from llmengine.bench.workloads import (
     RequestSpec,
     mixed_workload,
     uniform_burst,
     with_arrivals,
     with_budgets,
 )
+from llmengine.engine import Engine
+from llmengine.outcome import IterationOutcome
+from llmengine.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import torch
 from hf_llama import TINY_LLAMA
 
 import llmengine
-from llmengine import bench_cache, throughput
-from llmengine.throughput import Agreement, EngineRun
+from llmengine.bench import decode_step, throughput
+from llmengine.bench.throughput import Agreement, EngineRun
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_checkpoint_is_the_same_model_in_both_libraries(models) -> None:
 
 
 def test_bench_shape_is_the_configuration_the_issue_names() -> None:
-    shape = bench_cache.BENCH_SHAPE
+    shape = decode_step.BENCH_SHAPE
     assert (shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]) == (512, 8, 8192)
     assert (shape["num_attention_heads"], shape["num_key_value_heads"]) == (8, 4)
 

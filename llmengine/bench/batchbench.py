@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import TYPE_CHECKING, Protocol
 
-from llmengine.clocks import Clock, IterationClock
+from llmengine.bench.clocks import Clock, IterationClock
+from llmengine.bench.timing import Arrival, ContinuousTiming
+from llmengine.bench.workloads import RequestSpec
 from llmengine.outcome import IterationOutcome
-from llmengine.timing import Arrival, ContinuousTiming
-from llmengine.workloads import RequestSpec
 
 if TYPE_CHECKING:
     from llmengine.model import Llama

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from llmengine.bench_cache import BENCH_SHAPE
+from llmengine.bench.decode_step import BENCH_SHAPE
+from llmengine.bench.workloads import RequestSpec
 from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
 from llmengine.model import Llama
-from llmengine.workloads import RequestSpec
 
 if TYPE_CHECKING:
     import transformers

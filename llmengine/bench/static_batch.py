@@ -25,14 +25,14 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from llmengine.batchbench import WorkloadRun
-from llmengine.clocks import Clock, IterationClock
+from llmengine.bench.batchbench import WorkloadRun
+from llmengine.bench.clocks import Clock, IterationClock
+from llmengine.bench.timing import Arrival
+from llmengine.bench.workloads import RequestSpec
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
 from llmengine.model import Llama
 from llmengine.outcome import IterationOutcome
 from llmengine.sampling import finish_reason, make_generator, sample_tokens
-from llmengine.timing import Arrival
-from llmengine.workloads import RequestSpec
 
 PAD_TOKEN_ID = 0  # any id works: no real position ever attends to a pad position
 

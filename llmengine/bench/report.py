@@ -11,7 +11,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from llmengine.batchbench import PoolResult
+from llmengine.bench.batchbench import PoolResult
 
 
 def pool_summary(result: PoolResult, *, same_text: bool) -> dict[str, Any]:

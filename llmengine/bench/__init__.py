@@ -1,0 +1,8 @@
+"""The bench layer: workloads, batchbench and what it measures, above the serving core.
+
+It drives engines through their public interface and reads their `IterationOutcome`s, never
+their internals: workloads (`workloads`), clocks and timing (`clocks`, `timing`), the pool
+sweep (`batchbench`) and its report (`report`), the static-batching baseline (`static_batch`),
+the decode-step benchmark (`decode_step`) and the comparison with transformers (`throughput`).
+Nothing here imports the lessons layer.
+"""

@@ -1,0 +1,6 @@
+"""The lessons layer: what only the notebooks in `lessons/` use.
+
+Figures and tables written reproducibly (`artifacts`), drawings (`diagrams`), step-by-step
+walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`) and the arithmetic of
+fragmentation (`fragmentation`). It may import the core and the bench layer; neither imports it.
+"""

@@ -1,0 +1,129 @@
+"""The package's layers, checked by reading every module's imports (AST, nothing executed).
+
+The serving core sits in `llmengine/` itself; `llmengine.bench` and `llmengine.lessons` (and the
+server, when it comes) sit above it. Dependencies point one way: the core imports no outer
+layer and no plotting, dataframe or transformers library at module level, and the bench layer
+never imports the lessons layer. The front door (`__init__`, `__main__`, `cli`) may reach the
+outer layers, but only lazily, so that `import llmengine` stays the core alone.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
+OUTER_LAYERS = ("bench", "lessons", "server")
+FRONT_DOOR = {"__init__", "__main__", "cli"}
+HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
+
+
+def layer_of(path: Path) -> str:
+    """`core`, `front door`, or the name of the outer layer holding the module."""
+    relative = path.relative_to(PACKAGE)
+    if len(relative.parts) > 1:
+        return relative.parts[0]
+    return "front door" if path.stem in FRONT_DOOR else "core"
+
+
+def imports_of(path: Path) -> list[tuple[str, bool]]:
+    """Every module `path` imports, with whether the import runs at module level."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def visit(node: ast.AST, top_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, top_level) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.append((child.module, top_level))
+                if child.module == "llmengine":
+                    found.extend((f"llmengine.{alias.name}", top_level) for alias in child.names)
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                continue  # annotations only: never imported at run time
+            visit(child, top_level and not nested)
+
+    visit(tree, True)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
+def outer_layer_named(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "llmengine" and len(parts) > 1 and parts[1] in OUTER_LAYERS:
+        return parts[1]
+    return None
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_package_has_the_three_layers() -> None:
+    layers = {layer_of(path) for path in MODULES}
+    assert {"core", "front door", "bench", "lessons"} <= layers
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_one_way(path: Path) -> None:
+    layer = layer_of(path)
+    for module, top_level in imports_of(path):
+        outer = outer_layer_named(module)
+        if layer == "core":
+            assert outer is None, f"the core module {path.name} imports {module}"
+            heavy = module.split(".")[0] in HEAVY_FOR_CORE
+            assert not (heavy and top_level), f"{path.name} imports {module} at module level"
+        elif layer == "front door":
+            assert outer is None or not top_level, f"{path.name} imports {module} eagerly"
+        elif layer == "bench":
+            assert outer != "lessons", f"bench/{path.name} imports the lessons layer ({module})"
+
+
+def test_the_layer_walk_sees_imports_in_every_place(tmp_path: Path) -> None:
+    """The checker itself: a nested import, an aliased one and a TYPE_CHECKING one."""
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import matplotlib\n"
+        "from llmengine import lessons\n"
+        "if TYPE_CHECKING:\n"
+        "    import pandas\n"
+        "def run():\n"
+        "    from llmengine.bench.batchbench import sweep_pool_sizes\n"
+    )
+    found = imports_of(source)
+    assert ("matplotlib", True) in found
+    assert ("llmengine.lessons", True) in found
+    assert ("llmengine.bench.batchbench", False) in found
+    assert all(module != "pandas" for module, _ in found)
+
+
+def test_import_llmengine_loads_only_the_core() -> None:
+    """In a fresh interpreter: no outer layer, no transformers, matplotlib or pandas."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, llmengine\n"
+        "bad = [m for m in sys.modules if m.startswith(('llmengine.bench', 'llmengine.lessons',"
+        " 'transformers', 'matplotlib', 'pandas'))]\n"
+        "print(','.join(sorted(bad)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_bench_names_still_reach_from_the_front_door() -> None:
+    import llmengine
+    from llmengine.bench.batchbench import sweep_pool_sizes
+
+    assert llmengine.sweep_pool_sizes is sweep_pool_sizes
+    assert "uniform_burst" in dir(llmengine)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        _ = llmengine.nothing_here
