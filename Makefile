@@ -14,7 +14,7 @@ export PYTHONHASHSEED := 0
 # One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: reports test lint format model bench
+.PHONY: reports test lab lint format model bench
 
 # torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -39,6 +39,10 @@ reports: $(STAMP)
 test: lint $(STAMP)
 	$(BIN)/pytest tests
 	$(BIN)/python scripts/check_lessons.py --timeout $(CELL_TIMEOUT)
+
+# Read and run the lessons one cell at a time, without executing them all first.
+lab: $(STAMP)
+	$(BIN)/jupyter lab lessons/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
