@@ -166,7 +166,6 @@ def test_07_slot_of_a_position_holds_that_positions_keys(model: Llama) -> None:
 
 
 def test_07_plots_draw_the_run(model: Llama) -> None:
-    pytest.importorskip("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg", force=True)

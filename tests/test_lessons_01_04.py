@@ -13,11 +13,11 @@ import contextlib
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from report_tables import report_rows
 from safetensors import safe_open
 
 import llmengine
@@ -29,19 +29,8 @@ from llmengine.model import MLP, Attention, RMSNorm
 from llmengine.rope import RotaryEmbedding, apply_rotary, inverse_frequencies
 from llmengine.sampling import SamplingParams, candidate_distribution, make_generator, sample_tokens
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
 LINE = "ROMEO:\nBut soft, what light through yonder window breaks?"
 PROMPT = "ROMEO:\nBut soft, what light through yonder window"
-
-pytestmark = pytest.mark.skipif(
-    not (embedded_model_path() / "config.json").is_file(), reason="embedded model not present"
-)
-
-
-def report_rows(name: str) -> list[list[str]]:
-    """The body rows of the committed Markdown table `reports/NAME.md`, cells stripped."""
-    lines = (REPORTS / f"{name}.md").read_text(encoding="utf-8").splitlines()
-    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
 
 
 @pytest.fixture(scope="module")
