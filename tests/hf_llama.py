@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import transformers
 
+from llmengine.bench.throughput import save_random_checkpoint
+
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500000.0,
@@ -37,14 +39,10 @@ TINY_LLAMA: dict[str, Any] = {
 def save_random_llama(
     folder: Path, *, seed: int = 0, max_shard_size: str | None = None, **overrides: Any
 ) -> transformers.LlamaForCausalLM:
-    """Build a small seeded `LlamaForCausalLM` (`TINY_LLAMA` plus `overrides`), save it to
-    `folder`, return it in eval mode."""
+    """`save_random_checkpoint` at the `TINY_LLAMA` shape (plus `overrides`): a seeded
+    `LlamaForCausalLM` saved to `folder`, returned in eval mode."""
     settings: dict[str, Any] = {**TINY_LLAMA, **overrides}
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
-    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.save_pretrained(folder, **kwargs)
-    return model
+    return save_random_checkpoint(folder, seed=seed, max_shard_size=max_shard_size, **settings)
 
 
 def edit_config(folder: Path, edit: Any) -> None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from torch import nn
 
+from llmengine.bench.decode_step import random_llama
 from llmengine.blocks import BlockPool, blocks_for_length
 from llmengine.config import Llama3RopeScaling, LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
@@ -36,12 +36,7 @@ def random_model(num_kv_heads: int = 2, seed: int = 0) -> Llama:
         rope_theta=500000.0,
         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16),
     )
-    torch.manual_seed(seed)
-    model = Llama(config)
-    for name, parameter in model.named_parameters():
-        if "norm" not in name:
-            nn.init.normal_(parameter, std=0.3)
-    return model.eval().requires_grad_(False)
+    return random_llama(config, seed=seed, std=0.3)
 
 
 def random_tokens(length: int, seed: int) -> list[int]:

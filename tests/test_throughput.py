@@ -18,9 +18,8 @@ from llmengine.bench.throughput import Agreement, EngineRun
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory):
-    folder = throughput.save_random_checkpoint(
-        tmp_path_factory.mktemp("tiny"), seed=3, **TINY_LLAMA
-    )
+    folder = tmp_path_factory.mktemp("tiny")
+    throughput.save_random_checkpoint(folder, seed=3, **TINY_LLAMA)
     return throughput.load_both(folder)
 
 

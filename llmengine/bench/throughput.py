@@ -43,14 +43,19 @@ PAD_TOKEN_ID = 0  # left padding; masked out, so any id works
 # -- the same weights for both libraries ---------------------------------------------------
 
 
-def save_random_checkpoint(folder: str | Path, *, seed: int = 0, **shape: Any) -> Path:
-    """Build a seeded random `LlamaForCausalLM` (BENCH_SHAPE unless overridden) into `folder`."""
+def save_random_checkpoint(
+    folder: str | Path, *, seed: int = 0, max_shard_size: str | None = None, **shape: Any
+) -> transformers.LlamaForCausalLM:
+    """Build a seeded random `LlamaForCausalLM` (BENCH_SHAPE unless overridden), save it into
+    `folder` (sharded when `max_shard_size` is given) and return it in eval mode."""
     import transformers
 
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**{**BENCH_SHAPE, **shape})
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return Path(folder)
+    model = transformers.LlamaForCausalLM(config).eval()
+    sharding = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(folder, **sharding)
+    return model
 
 
 def load_both(path: str | Path) -> tuple[Llama, transformers.LlamaForCausalLM]:
