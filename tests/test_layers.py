@@ -10,6 +10,8 @@ outer layers, but only lazily, so that `import llmengine` stays the core alone.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,8 +30,11 @@ def layer_of(path: Path) -> str:
     return "front door" if path.stem in FRONT_DOOR else "core"
 
 
-def imports_of(path: Path) -> list[tuple[str, bool]]:
-    """Every module `path` imports, with whether the import runs at module level."""
+def imports_of(path: Path, *, type_checking: bool = False) -> list[tuple[str, bool]]:
+    """Every module `path` imports, with whether the import runs at module level.
+
+    Imports under `if TYPE_CHECKING:` never run, and count only with `type_checking=True`.
+    """
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
 
@@ -42,7 +47,7 @@ def imports_of(path: Path) -> list[tuple[str, bool]]:
                 found.append((child.module, top_level))
                 if child.module == "llmengine":
                     found.extend((f"llmengine.{alias.name}", top_level) for alias in child.names)
-            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            elif isinstance(child, ast.If) and _is_type_checking(child.test) and not type_checking:
                 continue  # annotations only: never imported at run time
             visit(child, top_level and not nested)
 
@@ -84,6 +89,20 @@ def test_imports_point_one_way(path: Path) -> None:
             assert outer != "lessons", f"bench/{path.name} imports the lessons layer ({module})"
 
 
+def test_the_scheduler_side_knows_no_tensors() -> None:
+    """The scheduler and what it reads import only each other and the standard library."""
+    integer_side = {"blocks", "params", "request", "scheduler", "outcome"}
+    for name in integer_side:
+        for module, _ in imports_of(PACKAGE / f"{name}.py", type_checking=True):
+            top, _, rest = module.partition(".")
+            if top == "llmengine":
+                assert rest in integer_side, f"{name}.py imports {module}"
+            else:
+                assert top in sys.stdlib_module_names or top == "__future__", (
+                    f"{name}.py imports {module}"
+                )
+
+
 def test_the_layer_walk_sees_imports_in_every_place(tmp_path: Path) -> None:
     """The checker itself: a nested import, an aliased one and a TYPE_CHECKING one."""
     source = tmp_path / "sample.py"
@@ -101,13 +120,11 @@ def test_the_layer_walk_sees_imports_in_every_place(tmp_path: Path) -> None:
     assert ("llmengine.lessons", True) in found
     assert ("llmengine.bench.batchbench", False) in found
     assert all(module != "pandas" for module, _ in found)
+    assert ("pandas", True) in imports_of(source, type_checking=True)
 
 
 def test_import_llmengine_loads_only_the_core() -> None:
     """In a fresh interpreter: no outer layer, no transformers, matplotlib or pandas."""
-    import subprocess
-    import sys
-
     code = (
         "import sys, llmengine\n"
         "bad = [m for m in sys.modules if m.startswith(('llmengine.bench', 'llmengine.lessons',"

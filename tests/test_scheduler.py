@@ -6,14 +6,10 @@ integrity check after every step.
 
 from __future__ import annotations
 
-import ast
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-import llmengine
 from llmengine.blocks import blocks_for_length
 from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
@@ -265,26 +261,3 @@ def test_day29_shape_needs_31_blocks_reserved_and_16_incremental() -> None:
 
     assert all_admitted_at_once(31, "reserve") and not all_admitted_at_once(30, "reserve")
     assert all_admitted_at_once(16, "incremental") and not all_admitted_at_once(15, "incremental")
-
-
-def test_the_scheduler_side_knows_no_tensors() -> None:
-    """The scheduler and what it reads import only each other and the standard library."""
-    integer_side = {"blocks", "params", "request", "scheduler", "outcome"}
-    package = Path(llmengine.__file__).parent
-    for name in integer_side:
-        tree = ast.parse((package / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module or ""]
-            else:
-                continue
-            for module in modules:
-                top, _, rest = module.partition(".")
-                if top == "llmengine":
-                    assert rest in integer_side, f"{name}.py imports {module}"
-                else:
-                    assert top in sys.stdlib_module_names or top == "__future__", (
-                        f"{name}.py imports {module}"
-                    )
