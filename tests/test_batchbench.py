@@ -107,6 +107,8 @@ def test_latency_counts_from_arrival() -> None:
     assert timing.latencies_iterations == {0: 3, 1: 4}
     assert timing.latencies_s == {0: 3.0, 1: 4.25}
     assert timing.time_to_first_token_s[1] == 0.25
+    # Arriving between two forwards: the clock counts the fraction, iterations do not.
+    assert (timing.mean_latency_s, timing.mean_latency_iterations) == (3.625, 3.5)
 
 
 def test_percentiles() -> None:

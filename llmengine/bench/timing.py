@@ -251,6 +251,11 @@ class ContinuousTiming:
         """The run's mean latency, which under preemption describes nobody (Day 34)."""
         return fmean(self.latencies_s.values())
 
+    @property
+    def mean_latency_iterations(self) -> float:
+        """The mean of `latencies_iterations`: whole forwards, whatever clock timed the run."""
+        return fmean(self.latencies_iterations.values())
+
     def latency_percentiles(self, qs: Sequence[float] = (50, 90, 99)) -> dict[float, float]:
         return {q: percentile(self.latencies_s.values(), q) for q in qs}
 
