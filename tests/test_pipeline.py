@@ -87,6 +87,15 @@ def test_saved_figures_are_byte_reproducible(artifacts_root: Path) -> None:
     assert plt.get_fignums() == open_before
 
 
+def test_wallclock_figures_go_to_their_own_folder(artifacts_root: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    artifacts.use_lesson_style()
+    path = artifacts.save_figure(plt.subplots()[0], "speed", wallclock=True)
+    assert path == artifacts_root / "figures" / "wallclock" / "speed.png" and path.is_file()
+    assert not (artifacts_root / "figures" / "speed.png").exists()
+
+
 def test_markdown_table_aligns_and_formats() -> None:
     table = artifacts.markdown_table(
         [(48, "incremental", 0.91234, -0.0001), (8, "reserve|x", float("nan"), 2.5)],

@@ -6,8 +6,9 @@ Every lesson writes through this module so that one switch moves all of its outp
 files with fixed size, font and metadata, tables are Markdown from one formatter, so
 rerunning a lesson on another machine rewrites the same bytes.
 
-Tables whose numbers are wall-clock measurements are written with `wallclock=True` to
-`reports/wallclock/`: they are kept for reading, never compared.
+Tables and figures whose numbers are wall-clock measurements are written with
+`wallclock=True`, to `reports/wallclock/` and `figures/wallclock/`: they are kept for reading,
+never compared. Everything else must come out the same on every machine.
 
 matplotlib is imported inside the functions that need it: `import llmengine` works without it.
 """
@@ -59,9 +60,9 @@ def _subdir(*parts: str) -> Path:
     return folder
 
 
-def figures_dir() -> Path:
-    """The folder lessons save figures into (created on demand)."""
-    return _subdir("figures")
+def figures_dir(wallclock: bool = False) -> Path:
+    """The folder for deterministic figures, or for wall-clock ones with `wallclock=True`."""
+    return _subdir("figures", WALLCLOCK_DIR) if wallclock else _subdir("figures")
 
 
 def reports_dir(wallclock: bool = False) -> Path:
@@ -107,16 +108,18 @@ def use_lesson_style() -> None:
     )
 
 
-def save_figure(fig: Figure, name: str) -> Path:
+def save_figure(fig: Figure, name: str, wallclock: bool = False) -> Path:
     """Write `fig` to `figures/NAME.png` with reproducible bytes, close it, return the path.
 
-    The PNG carries no software version or timestamp. The figure is closed because under Agg
-    it cannot be shown anyway; to see it in a notebook, display the returned file
-    (`IPython.display.Image(filename=path)`), which shows exactly the committed bytes.
+    A figure that plots wall-clock measurements passes `wallclock=True` and goes to
+    `figures/wallclock/NAME.png`. The PNG carries no software version or timestamp. The
+    figure is closed because under Agg it cannot be shown anyway; to see it in a notebook,
+    display the returned file (`IPython.display.Image(filename=path)`), which shows exactly
+    the committed bytes.
     """
     import matplotlib.pyplot as plt
 
-    path = figures_dir() / _file_name(name, ".png")
+    path = figures_dir(wallclock) / _file_name(name, ".png")
     fig.savefig(path, format="png", dpi=FIGURE_DPI, metadata={"Software": None})
     plt.close(fig)
     return path
