@@ -103,9 +103,34 @@ def test_request_lifecycle_every_move_not_in_the_table_raises() -> None:
     assert TRANSITIONS[RequestState.RUNNING][RequestState.WAITING] == "preempt"
 
 
+def test_request_lifecycle_one_request_waits_for_the_slot(model: llmengine.Llama) -> None:
+    # One slot, and a pool that holds both worst cases (4 blocks each): the younger request
+    # waits while the older one takes its 8 forwards, then runs its own 8. Nobody is evicted.
+    params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
+    roomy = llmengine.Engine(model, num_blocks=8, block_size=4, num_slots=1)
+    roomy.add_request([11, 12, 13, 14, 15], params)
+    younger = roomy.add_request([21, 22, 23, 24, 25], params)
+    events, states = [], []
+    while roomy.has_unfinished():
+        outcome = roomy.step()
+        if not outcome.rows:
+            continue
+        events += [
+            event
+            for event, ids in (("admit", outcome.admitted), ("finish", outcome.finished))
+            if younger in ids
+        ]
+        states.append(roomy.request(younger).state)
+        assert not outcome.evicted
+    assert events == ["admit", "finish"]
+    waiting, running, finished = RequestState.WAITING, RequestState.RUNNING, RequestState.FINISHED
+    assert states == [waiting] * 8 + [running] * 7 + [finished]
+
+
 def test_request_lifecycle_one_request_through_preemption(model: llmengine.Llama) -> None:
-    # Four blocks, two requests each needing up to four: the younger is evicted when the
-    # older needs its third block, and comes back once the older one has finished.
+    # The preempt edge, which lessons 09-12 never take and lesson 13 puts to use. Four blocks,
+    # two requests each needing up to four: the younger is evicted when the older needs its
+    # third block, and comes back once the older one has finished.
     params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
     cramped = llmengine.Engine(model, num_blocks=4, block_size=4, num_slots=2)
     cramped.add_request([11, 12, 13, 14, 15], params)
@@ -145,8 +170,9 @@ def test_request_lifecycle_without_the_door_the_queue_is_stuck(policy: str) -> N
         scheduler.update(decision, {row.request.request_id: 0 for row in decision.rows})
     assert small.output_token_ids == [] and small.state is RequestState.WAITING
     assert giant.state is RequestState.WAITING
-    # Incremental: the giant grows to 8 blocks (32 tokens, 27 generated plus the one
-    # sampled by the forward that filled them), then needs a ninth and evicts itself.
+    # Incremental (lesson 13's argument; lesson 10 shows only "reserve"): the giant grows to 8
+    # blocks (32 tokens, 27 generated plus the one sampled by the forward that filled them),
+    # then needs a ninth and evicts itself.
     assert len(giant.output_token_ids) == (0 if policy == "reserve" else 28)
 
 
