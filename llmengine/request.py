@@ -85,10 +85,6 @@ class Request:
         """Prompt plus the whole budget: what lesson 12's reserve policy books up front."""
         return len(self.prompt_token_ids) + self.params.max_tokens
 
-    @property
-    def is_live(self) -> bool:
-        return self.state in (RequestState.WAITING, RequestState.RUNNING)
-
     def move_to(self, state: RequestState) -> None:
         if state not in TRANSITIONS[self.state]:
             raise IllegalTransition(
