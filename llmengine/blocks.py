@@ -97,8 +97,8 @@ class BlockTable:
 
     The table never allocates on its own: blocks arrive through `extend`, handed over by the
     scheduler that took them from the pool. A table that quietly allocated when it ran short
-    would book the pool twice for one sequence behind the scheduler's back (Day 33's bug), so
-    running out is an error here.
+    would book the pool twice for one sequence behind the scheduler's back, so running out is
+    an error here.
     """
 
     block_size: int
@@ -122,10 +122,10 @@ class BlockTable:
             )
         self.num_tokens += count
 
-    def slot_of(self, position: int) -> tuple[int, int]:
+    def location_of(self, position: int) -> tuple[int, int]:
         """The (block id, offset) where `position`'s K/V lives."""
         if not 0 <= position < self.capacity:
-            raise IndexError(f"position {position} outside this table's {self.capacity} slots")
+            raise IndexError(f"position {position} outside this table's {self.capacity} positions")
         return self.block_ids[position // self.block_size], position % self.block_size
 
     def release(self) -> list[int]:

@@ -2,8 +2,9 @@
 
 `step()` is one scheduling decision and one forward over every scheduled row: fresh prefills,
 resumed prefills (prompt plus the tokens generated before the preemption: resume, not
-restart) and decodes, all in the same call. It reports what happened as an
-`IterationOutcome`, which is all a benchmark needs to see.
+restart) and decodes, all in the same call. A request that gets its last token gives its
+blocks and slot back in that same step, so a run ends with the step that finishes it. The
+step reports what happened as an `IterationOutcome`, which is all a benchmark needs to see.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llmengine.outcome import IterationOutcome
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens
-from llmengine.scheduler import Scheduler
+from llmengine.scheduler import ScheduledRow, Scheduler, SchedulerOutput
 
 
 class Engine:
@@ -27,8 +28,9 @@ class Engine:
 
     `num_blocks` KV blocks of `block_size` tokens form the pool; at most `num_slots` requests
     run in one forward. `policy="reserve"` admits a request only when the pool can hold its
-    worst case (Week 8); `policy="incremental"` buys blocks a step at a time and preempts the
-    youngest running request by recompute when the pool runs dry (Day 33).
+    worst case (lesson 12); `policy="incremental"` buys blocks a step at a time and preempts
+    the youngest running request by recompute when the pool runs dry (lesson 13). Any other
+    policy is refused with ValueError here, before the cache is allocated.
     """
 
     def __init__(
@@ -104,20 +106,38 @@ class Engine:
         outside = [token for token in prompt if not 0 <= token < vocab_size]
         if outside:
             raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
-        request = Request(self._next_id, prompt, params, self._next_id, self.block_size)
+        request = Request(
+            request_id=self._next_id,
+            prompt_token_ids=prompt,
+            params=params,
+            arrival=self._next_id,
+            block_size=self.block_size,
+        )
         self.scheduler.add(request)
         self._next_id += 1
         self._requests[request.request_id] = request
         self._generators[request.request_id] = make_generator(params)
         return request.request_id
 
-    def abort(self, request_id: int) -> None:
-        """Stop a waiting, running or preempted request; its blocks and slot go back now."""
-        request = self.request(request_id)
-        if not request.is_live:
-            raise ValueError(f"request {request_id} is already {request.state.value}")
+    def abort(self, request_id: int) -> bool:
+        """Stop a waiting, running or preempted request; its blocks and slot go back now.
+
+        True when it stopped something. False when the request had already finished: a server
+        races a client's disconnect against the last token, and losing that race is no error.
+        KeyError for an id this engine never issued; ValueError for one already aborted.
+        """
+        if request_id not in self._requests:
+            if 0 <= request_id < self._next_id:
+                return False  # finished, and its record handed back by generate()
+            raise KeyError(f"no request {request_id} in this engine")
+        request = self._requests[request_id]
+        if request.state == RequestState.FINISHED:
+            return False
+        if request.state == RequestState.ABORTED:
+            raise ValueError(f"request {request_id} is already aborted")
         self.scheduler.abort(request)
-        self._generators.pop(request_id, None)
+        del self._generators[request_id]
+        return True
 
     def _on_release(self, request: Request) -> None:
         self.slot_owners[request.slot] = None
@@ -126,66 +146,70 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> IterationOutcome:
-        """One scheduling decision and one forward; a step with nothing to run is empty."""
+        """Schedule, forward, sample, update: one iteration over every scheduled row.
+
+        A request that gets its last token here gives its blocks and slot back before the
+        step returns. Every step is a forward, so stepping an engine with nothing unfinished
+        raises RuntimeError.
+        """
+        if not self.has_unfinished():
+            raise RuntimeError("nothing to step: every request has finished or been aborted")
         decision = self.scheduler.schedule()
-        outcome = IterationOutcome(
-            iteration=self.iteration,
-            evicted=[r.request_id for r in decision.preempted],
-            num_slots=self.num_slots,
-            num_blocks=self.num_blocks,
-        )
-        if decision.rows:
-            for row in decision.rows:
-                self.slot_owners[row.request.slot] = row.request.request_id
-            logits = paged_forward(
-                self.model,
-                self.cache,
-                [
-                    PagedRow(row.token_ids, row.start_position, row.request.block_table.block_ids)
-                    for row in decision.rows
-                ],
-            )
-            requests = [row.request for row in decision.rows]
-            sampled = sample_tokens(
-                logits,
-                [r.params for r in requests],
-                [self._generators[r.request_id] for r in requests],
-            )
-            outcome.tokens = {r.request_id: t for r, t in zip(requests, sampled, strict=True)}
-            finished = self.scheduler.update(decision, outcome.tokens, self.eos_token_ids)
-            for request in finished:
-                self._generators.pop(request.request_id, None)
-            outcome.finished = [r.request_id for r in finished]
-            outcome.admitted = [row.request.request_id for row in decision.rows if row.is_prefill]
-            outcome.resumed = [row.request.request_id for row in decision.rows if row.recomputed]
-            outcome.row_positions = {
-                row.request.request_id: row.num_positions for row in decision.rows
-            }
-            outcome.rows = len(decision.rows)
-            outcome.prefill_rows = len(outcome.admitted)
-            outcome.forward_tokens = sum(outcome.row_positions.values())
-            outcome.recomputed_tokens = sum(row.recomputed for row in decision.rows)
-            self.iteration += 1
-        self._record_pool(outcome)
+        for row in decision.rows:
+            self.slot_owners[row.request.slot] = row.request.request_id
+        logits = paged_forward(self.model, self.cache, [paged_row(row) for row in decision.rows])
+        tokens = self._sample(decision.rows, logits)
+        finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
+        for request in finished:
+            del self._generators[request.request_id]
+        outcome = self._outcome(decision, tokens, finished)
+        self.iteration += 1
         return outcome
 
-    def _record_pool(self, outcome: IterationOutcome) -> None:
-        tables = [request.block_table for request in self.scheduler.running]
-        outcome.free_blocks = self.num_free_blocks
-        outcome.block_size = self.block_size
-        outcome.held_blocks = self.scheduler.pool.num_held
-        outcome.kv_tokens = sum(table.num_tokens for table in tables)
-        outcome.needed_blocks = sum(
-            blocks_for_length(table.num_tokens, self.block_size) for table in tables
+    def _sample(self, rows: list[ScheduledRow], logits: torch.Tensor) -> dict[int, int]:
+        """One token per row, each from its own request's parameters and generator."""
+        requests = [row.request for row in rows]
+        sampled = sample_tokens(
+            logits,
+            [request.params for request in requests],
+            [self._generators[request.request_id] for request in requests],
+        )
+        return {request.request_id: t for request, t in zip(requests, sampled, strict=True)}
+
+    def _outcome(
+        self, decision: SchedulerOutput, tokens: dict[int, int], finished: list[Request]
+    ) -> IterationOutcome:
+        """The step as the world sees it, derived from the decision it carried out.
+
+        The pool numbers describe the forward: the blocks held while it ran and the K/V it
+        left, finished requests included, whose blocks `update` has already given back.
+        """
+        rows = decision.rows
+        return IterationOutcome(
+            iteration=self.iteration,
+            tokens=tokens,
+            finished=[request.request_id for request in finished],
+            evicted=[request.request_id for request in decision.preempted],
+            admitted=[row.request.request_id for row in rows if row.is_prefill],
+            resumed=[row.request.request_id for row in rows if row.recomputed],
+            row_positions={row.request.request_id: row.num_positions for row in rows},
+            rows=len(rows),
+            prefill_rows=sum(row.is_prefill for row in rows),
+            forward_tokens=sum(row.num_positions for row in rows),
+            recomputed_tokens=sum(row.recomputed for row in rows),
+            num_slots=self.num_slots,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            held_blocks=decision.held_blocks,
+            needed_blocks=sum(blocks_for_length(row.end_position, self.block_size) for row in rows),
+            kv_tokens=sum(row.end_position for row in rows),
         )
 
     def check_integrity(self) -> None:
         """The scheduler's invariants, plus: every slot owner is the request that holds it."""
         self.scheduler.check_integrity()
         for request in self.scheduler.running:
-            if request.state == RequestState.RUNNING and (
-                self.slot_owners[request.slot] != request.request_id
-            ):
+            if self.slot_owners[request.slot] != request.request_id:
                 raise AssertionError(f"slot {request.slot} does not record {request.request_id}")
 
     # -- run to completion ---------------------------------------------------------------
@@ -218,3 +242,8 @@ class Engine:
         encoded = [self.tokenizer.encode(prompt) for prompt in prompts]
         outputs = self.generate(encoded, params)
         return [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+
+
+def paged_row(row: ScheduledRow) -> PagedRow:
+    """A scheduled row as the paged forward takes it: new tokens, where they start, its blocks."""
+    return PagedRow(row.token_ids, row.start_position, row.request.block_table.block_ids)

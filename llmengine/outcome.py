@@ -25,10 +25,11 @@ class IterationOutcome:
     prefill rows that were resumptions after a preemption, whose positions are all
     recomputed: a counter of rows sees each as one row, these two see what each one cost.
 
-    The pool fields describe the cache after the step: `held_blocks` are booked by some
-    request, `needed_blocks` are what the K/V actually written (`kv_tokens` positions) fills,
-    so held - needed is reservation waste and needed * block_size - kv_tokens is the unfilled
-    tail of last blocks (fragmentation).
+    The pool fields describe the cache the forward ran on, as the forward left it (requests it
+    finished included, though their blocks are free again by the time the step returns):
+    `held_blocks` of `num_blocks` are booked by some request, `needed_blocks` are what the K/V
+    actually written (`kv_tokens` positions) fills, so held - needed is reservation waste and
+    needed * block_size - kv_tokens is the unfilled tail of last blocks (fragmentation).
     """
 
     iteration: int
@@ -44,7 +45,6 @@ class IterationOutcome:
     recomputed_tokens: int = 0
     padded_tokens: int = 0
     num_slots: int = 0
-    free_blocks: int = 0
     num_blocks: int = 0
     block_size: int = 0
     held_blocks: int = 0

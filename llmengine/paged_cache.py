@@ -1,8 +1,9 @@
 """The paged KV cache: K/V live in fixed-size blocks, found through each row's block table.
 
-Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as slots
-`block_id * block_size + offset`. A sequence owns any blocks, in any order; position p lives
-in slot `block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
+Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as
+`num_blocks * block_size` entries, each found by its flat index `block_id * block_size +
+offset`. A sequence owns any blocks, in any order; position p lives at flat index
+`block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
 of different lengths (prefills and decodes together): the new tokens of every row are packed
 into one sequence, so the projections and the MLP compute exactly the real positions and no
 pad; only attention lays them out as a padded `[rows, longest]` batch, because each row reads
@@ -32,7 +33,7 @@ class PagedRow:
 class PagedKVCache:
     """Per layer K/V storage `[num_blocks, block_size, kv_heads, head_dim]`, zero-filled.
 
-    Zeros, not `torch.empty`: a masked-out slot still enters attention as `0 * value`, and
+    Zeros, not `torch.empty`: a masked-out entry still enters attention as `0 * value`, and
     uninitialised memory could hold NaN, which survives that multiplication.
     """
 
@@ -57,15 +58,18 @@ class PagedKVCache:
         return self.keys[0].device
 
     def write(
-        self, layer_index: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, layer_index: int, flat_indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> None:
-        """Store `k`, `v` `[N, kv_heads, head_dim]` at flat slots `[N]` (no slot twice)."""
-        self.keys[layer_index].flatten(0, 1).index_copy_(0, slots, k)
-        self.values[layer_index].flatten(0, 1).index_copy_(0, slots, v)
+        """Store `k`, `v` `[N, kv_heads, head_dim]` at flat indices `[N]` (none twice)."""
+        self.keys[layer_index].flatten(0, 1).index_copy_(0, flat_indices, k)
+        self.values[layer_index].flatten(0, 1).index_copy_(0, flat_indices, v)
 
-    def gather(self, layer_index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at flat slots of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
-        flat, shape = slots.flatten(), (*slots.shape, *self.keys[layer_index].shape[2:])
+    def gather(
+        self, layer_index: int, flat_indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at flat indices of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
+        flat = flat_indices.flatten()
+        shape = (*flat_indices.shape, *self.keys[layer_index].shape[2:])
         keys = self.keys[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
         values = self.values[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
         return keys, values
@@ -97,17 +101,17 @@ class PagedAttention:
             self.padded_index = self.is_new.flatten().nonzero().squeeze(1)
         padded_positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
         self.positions = padded_positions[self.is_new][None]
-        self.write_slots = slots_of(table, padded_positions, block_size)[self.is_new]
+        self.write_indices = flat_indices(table, padded_positions, block_size)[self.is_new]
         key_positions = torch.arange(int(ends.max()), device=device).expand(len(rows), -1)
-        self.read_slots = slots_of(table, key_positions, block_size)
+        self.read_indices = flat_indices(table, key_positions, block_size)
         self.mask = causal_mask(padded_positions, int(ends.max()))
         self.last_new = torch.cumsum(new_lengths, dim=0) - 1
 
     def attend(
         self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        self.cache.write(layer_index, self.write_slots, k[0], v[0])
-        keys, values = self.cache.gather(layer_index, self.read_slots)
+        self.cache.write(layer_index, self.write_indices, k[0], v[0])
+        keys, values = self.cache.gather(layer_index, self.read_indices)
         shape = (*self.is_new.shape, *q.shape[2:])
         if self.padded_index is None:
             out = grouped_query_attention(q.view(shape), keys, values, mask=self.mask)
@@ -139,8 +143,8 @@ def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.devi
     return torch.tensor(padded, dtype=torch.long, device=device)
 
 
-def slots_of(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Flat slot of each position `[B, N]`: its block from the row's table, plus the offset."""
+def flat_indices(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat index of each position `[B, N]`: its block from the row's table, plus the offset."""
     return table.gather(1, positions // block_size) * block_size + positions % block_size
 
 

@@ -39,10 +39,13 @@ class IllegalTransition(ValueError):
     """A move the transition table does not allow."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, kw_only=True)
 class Request:
     """One prompt on its way through the engine.
 
+    `token_ids` is the one list of its tokens, prompt first and every sampled token appended
+    to it: what a prefill (fresh or resumed) runs over and where a decode reads its last
+    token, so no step has to join prompt and output. `prompt_token_ids` is the prompt as given.
     `arrival` is its seniority (lower is older): the scheduler grows the oldest first and
     preempts the youngest. `block_table` is the one record of the blocks it holds; the
     scheduler extends it and the cache reads it, so the two can never disagree.
@@ -53,33 +56,34 @@ class Request:
     params: SamplingParams
     arrival: int
     block_size: int
-    output_token_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
+    token_ids: list[int] = field(init=False)
     block_table: BlockTable = field(init=False)
     slot: int | None = None
     num_preemptions: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
         self.block_table = BlockTable(self.block_size)
 
     @property
-    def token_ids(self) -> list[int]:
-        """Prompt plus everything generated: what a resumed prefill runs over."""
-        return self.prompt_token_ids + self.output_token_ids
+    def output_token_ids(self) -> list[int]:
+        """The tokens generated so far (a copy: append through `append_token`)."""
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
     def worst_case_tokens(self) -> int:
-        """Prompt plus the whole budget: what Week 8 reserved and the door check measures."""
+        """Prompt plus the whole budget: what lesson 12's reserve policy books up front."""
         return len(self.prompt_token_ids) + self.params.max_tokens
-
-    @property
-    def is_live(self) -> bool:
-        return self.state in (RequestState.WAITING, RequestState.RUNNING)
 
     def move_to(self, state: RequestState) -> None:
         if state not in TRANSITIONS[self.state]:
@@ -90,5 +94,5 @@ class Request:
 
     def append_token(self, token_id: int, eos_token_ids: tuple[int, ...] = ()) -> str | None:
         """Record a sampled token; return why the request is now done, or None."""
-        self.output_token_ids.append(token_id)
-        return finish_reason(self.params, len(self.output_token_ids), token_id, eos_token_ids)
+        self.token_ids.append(token_id)
+        return finish_reason(self.params, self.num_output_tokens, token_id, eos_token_ids)

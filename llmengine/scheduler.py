@@ -4,17 +4,19 @@ It works on integers only (block ids, slot numbers, token counts) and returns a 
 decision, `SchedulerOutput`; the engine runs the forward and hands the sampled tokens back
 through `update`. That split is what lets every policy below be tested without a model.
 
-`schedule()` is release, then grow, then admit:
-- release: finished requests give back their blocks and slot;
+`schedule()` is grow, then admit:
 - grow: running requests, oldest first, get the block their next position needs; when the
   pool is dry the youngest running request is preempted by recompute;
 - admit: waiting requests in arrival order, while a slot is free and the pool holds what
   `blocks_needed_for` asks. The head of the queue blocks everyone behind it.
 
-Two policies share that loop. "reserve" (Week 8) books prompt plus the whole budget at
+`update()` records the sampled tokens and releases at once every request that got its last
+one: its blocks and slot are free before the step that produced that token returns.
+
+Two policies share that loop. "reserve" (lesson 12) books prompt plus the whole budget at
 admission, so growth never needs a block and nothing is ever preempted. "incremental"
-(Day 33) books only what the tokens so far need and buys a block when a sequence crosses a
-block boundary, which is why it must be able to preempt.
+(lesson 13) books only what the tokens so far need and buys a block when a sequence crosses
+a block boundary, which is why it must be able to preempt.
 """
 
 from __future__ import annotations
@@ -40,19 +42,27 @@ class ScheduledRow:
     recomputed: int
 
     @property
+    def end_position(self) -> int:
+        """One past the last position this forward computes: the K/V the row holds after it."""
+        return self.start_position + self.num_positions
+
+    @property
     def token_ids(self) -> list[int]:
         """The tokens whose positions this forward computes."""
-        end = self.start_position + self.num_positions
-        return self.request.token_ids[self.start_position : end]
+        return self.request.token_ids[self.start_position : self.end_position]
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """The decision for one iteration: rows to compute, and who was evicted to make room."""
+    """The decision for one iteration: rows to compute, and who was evicted to make room.
+
+    `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
+    the forward runs on, before `update` takes back what finished requests held.
+    """
 
     rows: list[ScheduledRow] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    released: list[Request] = field(default_factory=list)
+    held_blocks: int = 0
 
 
 class Scheduler:
@@ -142,16 +152,10 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._release_finished(out)
         self._grow(out)
         self._admit(out)
+        out.held_blocks = self.pool.num_held
         return out
-
-    def _release_finished(self, out: SchedulerOutput) -> None:
-        for request in [r for r in self.running if r.state == RequestState.FINISHED]:
-            self.running.remove(request)
-            self._release(request)
-            out.released.append(request)
 
     def _grow(self, out: SchedulerOutput) -> None:
         index = 0
@@ -226,17 +230,21 @@ class Scheduler:
     def update(
         self, out: SchedulerOutput, tokens: dict[int, int], eos_token_ids: tuple[int, ...] = ()
     ) -> list[Request]:
-        """Record each row's sampled token; return the requests that finished with it."""
+        """Record each row's sampled token; release and return the requests it finished.
+
+        Rows follow the running list's order, so finished requests give their blocks back in
+        the order the pool would have seen had they waited for the next `schedule()`.
+        """
         finished = []
         for row in out.rows:
             request = row.request
-            if request.state != RequestState.RUNNING:
-                continue
             request.block_table.append(row.num_positions)
             reason = request.append_token(tokens[request.request_id], eos_token_ids)
             if reason is not None:
                 request.finish_reason = reason
                 request.move_to(RequestState.FINISHED)
+                self.running.remove(request)
+                self._release(request)
                 finished.append(request)
         return finished
 

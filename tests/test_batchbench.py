@@ -187,24 +187,24 @@ def test_pool_wastes() -> None:
     assert (bare.reservation_waste, bare.fragmentation_waste) == (0.0, 0.0)
 
 
-def test_a_step_without_rows_is_no_iteration() -> None:
+def test_every_outcome_is_one_iteration() -> None:
     timing = ContinuousTiming.from_outcomes(
         [
             step(tokens={0: 1, 1: 1}),
-            step(evicted=[1]),
-            step(tokens={0: 2}, finished=[0]),
+            step(tokens={0: 2}, evicted=[1]),
+            step(tokens={0: 3}, finished=[0]),
             step(tokens={1: 2}, finished=[1], recomputed_tokens=2, forward_tokens=2),
         ]
     )
-    assert timing.iterations == 3
+    assert timing.iterations == 4 and timing.rows == [2, 1, 1, 1]
     assert timing.preempted_at == {1: [2]}
-    assert timing.latencies_iterations == {0: 2, 1: 3}
-    assert timing.end_times_s == [1.0, 2.0, 3.0]
+    assert timing.latencies_iterations == {0: 3, 1: 4}
+    assert timing.end_times_s == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_no_forward_and_mismatched_times_are_refused() -> None:
     with pytest.raises(ValueError, match="no forward"):
-        ContinuousTiming.from_outcomes([step(evicted=[0])])
+        ContinuousTiming.from_outcomes([])
     with pytest.raises(ValueError, match="5 outcomes but 2 times"):
         ContinuousTiming.from_outcomes(one_victim_run(), times=[1.0, 2.0])
 

@@ -126,6 +126,25 @@ def test_day33_table(
     assert all(waste > 0 for waste in wastes) if policy == "reserve" else wastes == [0.0] * 3
 
 
+def test_every_recorded_step_is_a_forward(day34: dict[int, PoolResult]) -> None:
+    """No run ends with, or contains, a step that scheduled nothing."""
+    for result in day34.values():
+        outcomes = result.run.outcomes
+        assert all(outcome.rows and outcome.tokens for outcome in outcomes)
+        assert len(outcomes) == result.timing.iterations == len(result.run.times)
+        assert outcomes[-1].finished
+
+
+def test_an_engine_that_drains_between_arrivals_waits_without_a_step(
+    model: llmengine.Llama,
+) -> None:
+    workload = staggered(uniform_burst(3, 5, 2, vocab_size=model.config.vocab_size), 10.0)
+    run = run_workload(Engine(model, num_blocks=8, block_size=4, num_slots=2), workload)
+    assert run.times == [1.0, 2.0, 11.0, 12.0, 21.0, 22.0]
+    assert [outcome.rows for outcome in run.outcomes] == [1] * 6
+    assert run.timing().latencies_iterations == dict.fromkeys(run.request_ids, 2)
+
+
 def test_a_pool_too_small_for_the_workload_is_named(model: llmengine.Llama) -> None:
     workload = uniform_burst(2, 5, 24, vocab_size=model.config.vocab_size)
     with pytest.raises(ValueError, match="pool of 4 blocks: .*needs up to 8 blocks"):

@@ -49,12 +49,12 @@ def test_pool_needs_a_block() -> None:
         BlockPool(0)
 
 
-def test_block_table_maps_positions_to_slots() -> None:
+def test_block_table_maps_positions_to_block_and_offset() -> None:
     table = BlockTable(block_size=4)
     table.extend([7, 2])
-    assert [table.slot_of(p) for p in (0, 3, 4, 7)] == [(7, 0), (7, 3), (2, 0), (2, 3)]
+    assert [table.location_of(p) for p in (0, 3, 4, 7)] == [(7, 0), (7, 3), (2, 0), (2, 3)]
     with pytest.raises(IndexError):
-        table.slot_of(8)
+        table.location_of(8)
 
 
 def test_block_table_never_allocates_behind_its_owners_back() -> None:

@@ -38,8 +38,12 @@ def run_checked(engine: Engine, prompts: list[list[int]], params: SamplingParams
     ids = [engine.add_request(prompt, params) for prompt in prompts]
     evictions = 0
     while engine.has_unfinished():
-        evictions += len(engine.step().evicted)
+        outcome = engine.step()
         engine.check_integrity()
+        assert outcome.rows and outcome.tokens, "a step that ran no forward"
+        evictions += len(outcome.evicted)
+    # The step that finished the last request has already given everything back.
+    assert outcome.finished
     assert engine.num_free_blocks == engine.num_blocks
     assert engine.slot_owners == [None] * engine.num_slots
     return [engine.request(i).output_token_ids for i in ids], evictions
@@ -150,19 +154,103 @@ def test_abort_waiting_running_and_preempted(model: llmengine.Llama) -> None:
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     a, b, c, d = (engine.add_request(p, params) for p in prompts)
     engine.step()
-    engine.abort(c)  # waiting
+    assert engine.abort(c) is True  # waiting
     while engine.request(b).num_preemptions == 0:
         engine.step()
     assert engine.request(b).state == RequestState.WAITING
-    engine.abort(b)  # preempted
-    engine.abort(a)  # running
+    assert engine.abort(b) is True  # preempted
+    assert engine.abort(a) is True  # running
     engine.check_integrity()
     assert engine.num_free_blocks == 6
+    assert [engine.request(i).state for i in (a, b, c)] == [RequestState.ABORTED] * 3
     with pytest.raises(ValueError, match="already aborted"):
         engine.abort(a)
     while engine.has_unfinished():
         engine.step()
     assert len(engine.request(d).output_token_ids) == 10
+
+
+def test_abort_of_a_running_request_frees_its_blocks_and_slot_at_once(
+    model: llmengine.Llama,
+) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    keep, stop = (
+        engine.add_request(p, params)
+        for p in prompts_for(8, 2, model.config.vocab_size, low=6, high=6)
+    )
+    engine.step()
+    assert engine.num_free_blocks == 4 and None not in engine.slot_owners
+    assert engine.abort(stop) is True
+    engine.check_integrity()
+    assert engine.num_free_blocks == 6 and engine.slot_owners.count(None) == 1
+    while engine.has_unfinished():
+        assert stop not in engine.step().tokens
+    assert len(engine.request(keep).output_token_ids) == 10
+
+
+def test_abort_after_the_last_token_returns_false_and_changes_nothing(
+    model: llmengine.Llama,
+) -> None:
+    """A client's disconnect can lose the race against its last token: no error, no effect."""
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    done, other = (engine.add_request(p, params) for p in ([1, 2, 3], [4, 5, 6, 7, 8, 9]))
+    while engine.request(done).state != RequestState.FINISHED:
+        engine.step()
+    tokens = engine.request(done).output_token_ids
+    assert engine.abort(done) is False
+    assert engine.request(done).state == RequestState.FINISHED
+    assert engine.request(done).output_token_ids == tokens
+    assert engine.request(other).state == RequestState.FINISHED  # same budget, same steps
+    assert engine.num_free_blocks == 8 and not engine.has_unfinished()
+    (ran,) = Engine(model, num_blocks=8, block_size=4).generate([[1, 2, 3]], params)
+    assert ran == tokens
+
+
+def test_abort_of_an_id_never_issued_raises_key_error(model: llmengine.Llama) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    with pytest.raises(KeyError, match="no request 0"):
+        engine.abort(0)
+    rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    for never in (rid + 1, -1):
+        with pytest.raises(KeyError, match=f"no request {never}"):
+            engine.abort(never)
+    assert engine.has_unfinished() and engine.request(rid).state == RequestState.WAITING
+
+
+def test_abort_of_a_request_generate_already_returned_is_false(model: llmengine.Llama) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=2))
+    assert [engine.abort(0), engine.abort(1)] == [False, False]
+    with pytest.raises(KeyError):
+        engine.abort(2)
+
+
+def test_the_step_that_finishes_the_last_request_frees_the_whole_pool(
+    model: llmengine.Llama,
+) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    prompts = prompts_for(9, 3, model.config.vocab_size, low=3, high=7)
+    budgets = [2, 5, 3]
+    for prompt, budget in zip(prompts, budgets, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=budget, ignore_eos=True))
+    outcomes = []
+    while engine.has_unfinished():
+        outcomes.append(engine.step())
+        engine.check_integrity()
+        held = sum(len(r.block_table.block_ids) for r in engine.scheduler.running)
+        assert engine.num_free_blocks == engine.num_blocks - held
+    assert all(outcome.rows for outcome in outcomes)
+    assert sum(len(outcome.tokens) for outcome in outcomes) == sum(budgets)
+    assert outcomes[-1].finished and engine.num_free_blocks == engine.num_blocks
+    with pytest.raises(RuntimeError, match="nothing to step"):
+        engine.step()
+
+
+def test_unknown_policy_is_refused_at_construction(model: llmengine.Llama) -> None:
+    with pytest.raises(ValueError, match=r"policy must be one of .*'fifo'"):
+        Engine(model, num_blocks=8, block_size=4, policy="fifo")
 
 
 def test_prompt_that_exactly_fills_a_block(model: llmengine.Llama, random_checkpoint) -> None:

@@ -23,7 +23,7 @@ from llmengine.lessons.forward_log import ForwardLog
 from llmengine.lessons.fragmentation import kv_bytes_per_position, measure_tail_waste
 from llmengine.lessons.paged_walkthrough import PagedWalkthrough
 from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, slots_of
+from llmengine.paged_cache import PagedKVCache, flat_indices
 from llmengine.sampling import SamplingParams
 
 TINY = LlamaConfig(
@@ -148,20 +148,20 @@ def test_07_paged_forward_equals_uncached_and_reuses_freed_blocks(model: Llama) 
     assert final.lengths["D"] == 7 + 3
 
 
-def test_07_slot_of_a_position_holds_that_positions_keys(model: Llama) -> None:
+def test_07_flat_index_of_a_position_holds_that_positions_keys(model: Llama) -> None:
     walk, _ = walkthrough(model)
     table, tokens = walk.tables["D"], walk.tokens["D"]
     reference = ContiguousKVCache(TINY, max_batch=1, max_seq_len=len(tokens))
     with torch.no_grad():
         contiguous_forward(model, reference, torch.tensor([tokens[: table.num_tokens]]))
     positions = torch.arange(table.num_tokens)
-    tensor_slots = slots_of(torch.tensor([table.block_ids]), positions[None], walk.block_size)[0]
+    indices = flat_indices(torch.tensor([table.block_ids]), positions[None], walk.block_size)[0]
     for position in range(table.num_tokens):
-        block, offset = table.slot_of(position)
-        slot = block * walk.block_size + offset
-        assert slot == int(tensor_slots[position])
+        block, offset = table.location_of(position)
+        index = block * walk.block_size + offset
+        assert index == int(indices[position])
         for layer in range(TINY.num_hidden_layers):
-            stored = walk.cache.keys[layer].flatten(0, 1)[slot]
+            stored = walk.cache.keys[layer].flatten(0, 1)[index]
             assert torch.allclose(stored, reference.keys[layer][0, position], atol=1e-5)
 
 

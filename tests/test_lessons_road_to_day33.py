@@ -92,7 +92,14 @@ def test_request_lifecycle_every_move_not_in_the_table_raises() -> None:
     legal = []
     for source in RequestState:
         for target in RequestState:
-            request = Request(0, [1], params, arrival=0, block_size=4, state=source)
+            request = Request(
+                request_id=0,
+                prompt_token_ids=[1],
+                params=params,
+                arrival=0,
+                block_size=4,
+                state=source,
+            )
             try:
                 request.move_to(target)
             except IllegalTransition:
@@ -113,8 +120,6 @@ def test_request_lifecycle_one_request_waits_for_the_slot(model: llmengine.Llama
     events, states = [], []
     while roomy.has_unfinished():
         outcome = roomy.step()
-        if not outcome.rows:
-            continue
         events += [
             event
             for event, ids in (("admit", outcome.admitted), ("finish", outcome.finished))
@@ -162,8 +167,12 @@ def test_request_lifecycle_without_the_door_the_queue_is_stuck(policy: str) -> N
     scheduler = llmengine.Scheduler(num_blocks=8, block_size=4, num_slots=1, policy=policy)
     too_big = llmengine.SamplingParams(max_tokens=32, ignore_eos=True)
     small_params = llmengine.SamplingParams(max_tokens=4, ignore_eos=True)
-    giant = Request(0, [1, 2, 3, 4, 5], too_big, arrival=0, block_size=4)
-    small = Request(1, [6, 7, 8], small_params, arrival=1, block_size=4)
+    giant = Request(
+        request_id=0, prompt_token_ids=[1, 2, 3, 4, 5], params=too_big, arrival=0, block_size=4
+    )
+    small = Request(
+        request_id=1, prompt_token_ids=[6, 7, 8], params=small_params, arrival=1, block_size=4
+    )
     scheduler.waiting.extend([giant, small])
     for _ in range(200):
         decision = scheduler.schedule()
@@ -252,8 +261,7 @@ def test_worst_case_reservation_growth_never_needs_a_block(model: llmengine.Llam
         while cramped.has_unfinished():
             cramped.step()
             scheduler = cramped.scheduler
-            running = [r for r in scheduler.running if r.state is RequestState.RUNNING]
-            asked += any(scheduler.blocks_needed_for(r) for r in running)
+            asked += any(scheduler.blocks_needed_for(r) for r in scheduler.running)
         needed[policy] = asked
     # Incremental: the long request crosses a block boundary at 9, 13, ..., 33 tokens.
     assert needed == {"reserve": 0, "incremental": 7}

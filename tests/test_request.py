@@ -9,7 +9,8 @@ from llmengine.sampling import SamplingParams
 
 
 def make(max_tokens: int = 4, **kwargs: object) -> Request:
-    return Request(0, [1, 2, 3], SamplingParams(max_tokens=max_tokens, **kwargs), 0, 4)
+    params = SamplingParams(max_tokens=max_tokens, **kwargs)
+    return Request(request_id=0, prompt_token_ids=[1, 2, 3], params=params, arrival=0, block_size=4)
 
 
 def test_legal_run_through_the_table() -> None:
@@ -50,3 +51,29 @@ def test_finish_reasons() -> None:
     assert make(ignore_eos=True).append_token(2, eos_token_ids=(2,)) is None
     request = make()
     assert request.append_token(5) is None and request.token_ids == [1, 2, 3, 5]
+
+
+def test_one_token_list_with_prompt_and_output_views() -> None:
+    request = make(max_tokens=8)
+    tokens = request.token_ids
+    for token in (5, 6):
+        request.append_token(token)
+    assert request.token_ids is tokens and tokens == [1, 2, 3, 5, 6]
+    assert request.prompt_token_ids == [1, 2, 3] and request.output_token_ids == [5, 6]
+    assert request.num_tokens == 5 and request.num_output_tokens == 2
+    request.output_token_ids.append(9)  # a copy: the request's tokens are not touched
+    assert request.token_ids == [1, 2, 3, 5, 6]
+
+
+def test_the_prompt_given_is_not_the_list_appended_to() -> None:
+    prompt = [1, 2, 3]
+    request = Request(
+        request_id=0, prompt_token_ids=prompt, params=SamplingParams(), arrival=0, block_size=4
+    )
+    request.append_token(5)
+    assert prompt == [1, 2, 3] and request.prompt_token_ids == [1, 2, 3]
+
+
+def test_a_request_is_built_with_keywords_only() -> None:
+    with pytest.raises(TypeError):
+        Request(0, [1, 2, 3], SamplingParams(), 0, 4)  # type: ignore[misc]

@@ -18,7 +18,13 @@ from llmengine.scheduler import Scheduler
 
 def make_request(request_id: int, prompt_len: int, max_tokens: int, block_size: int) -> Request:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(request_id, [1] * prompt_len, params, arrival=request_id, block_size=block_size)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=[1] * prompt_len,
+        params=params,
+        arrival=request_id,
+        block_size=block_size,
+    )
 
 
 @dataclass
@@ -40,11 +46,10 @@ def drive(scheduler: Scheduler, requests: list[Request]) -> Run:
     while scheduler.has_unfinished():
         out = scheduler.schedule()
         scheduler.check_integrity()
+        assert out.rows, "unfinished requests, yet nothing scheduled"
         for victim in out.preempted:
             run.evictions[victim.request_id] += 1
         run.preemptions += len(out.preempted)
-        if not out.rows:
-            continue
         run.iterations += 1
         run.recomputed += sum(row.recomputed for row in out.rows)
         run.forward_tokens += sum(row.num_positions for row in out.rows)
@@ -192,6 +197,40 @@ def test_watermark_keeps_blocks_free_at_admission() -> None:
         scheduler.add(request)
     out = scheduler.schedule()
     assert len(out.rows) == 2 and scheduler.pool.num_free == 4
+
+
+# -- release ------------------------------------------------------------------------------
+
+
+def test_update_gives_back_a_finished_requests_blocks_and_slot() -> None:
+    scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=2)
+    short, long = make_request(0, 3, 2, 4), make_request(1, 6, 8, 4)
+    released: list[int] = []
+    scheduler.on_release = lambda request: released.append(request.slot)
+    for request in (short, long):
+        scheduler.add(request)
+    scheduler.update(scheduler.schedule(), {0: 7, 1: 7})
+    out = scheduler.schedule()
+    assert scheduler.pool.num_free == 5  # short: 1 block, long: 2
+    finished = scheduler.update(out, {0: 7, 1: 7})
+    # Inside the update that produced its last token, not at the next schedule().
+    assert finished == [short] and short.state == RequestState.FINISHED
+    assert released == [0] and short.slot is None and not short.block_table.block_ids
+    assert scheduler.running == [long] and list(scheduler.free_slots) == [0]
+    assert scheduler.pool.num_free == 6
+    scheduler.check_integrity()
+
+
+def test_the_update_that_finishes_the_last_request_empties_the_scheduler() -> None:
+    scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=2)
+    for request in uniform_burst(2, 5, 3, 4):
+        scheduler.add(request)
+    for _ in range(3):
+        assert scheduler.has_unfinished()
+        finished = scheduler.update(scheduler.schedule(), {0: 7, 1: 7})
+    assert len(finished) == 2 and not scheduler.has_unfinished()
+    assert scheduler.pool.num_free == 8 and len(scheduler.free_slots) == 2
+    assert not scheduler.schedule().rows
 
 
 # -- abort --------------------------------------------------------------------------------

@@ -85,11 +85,9 @@ def run_workload(
             spec = workload[index]
             request_ids[index] = engine.add_request(list(spec.prompt_token_ids), spec.params)
             run.arrivals[request_ids[index]] = Arrival(iteration=forwards, time=spec.arrival)
-        outcome = engine.step()
-        if outcome.rows:
-            forwards += 1
-            clock.tick()
-        run.outcomes.append(outcome)
+        run.outcomes.append(engine.step())
+        forwards += 1
+        clock.tick()
         run.times.append(clock.now())
     generated: dict[int, list[int]] = {request_id: [] for request_id in request_ids}
     for outcome in run.outcomes:

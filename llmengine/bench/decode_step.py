@@ -23,7 +23,7 @@ from llmengine.blocks import blocks_for_length
 from llmengine.config import LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
 from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.paged_cache import PagedKVCache, PagedRow, flat_indices, paged_forward
 
 # A ~30M-parameter Llama shape (random weights): large enough that matrix work, not Python,
 # dominates a step on a CPU; small enough to build in a second. Written in config.json terms
@@ -84,12 +84,11 @@ def prepare_decode_steps(
     order = torch.randperm(batch * per_row, generator=generator)
     tables = order.view(batch, per_row)
     paged = PagedKVCache(config, batch * per_row, block_size, dtype=dtype, device=device)
-    positions = torch.arange(context)
-    slots = tables[:, positions // block_size] * block_size + positions % block_size
+    indices = flat_indices(tables, torch.arange(context).expand(batch, -1), block_size)
     for layer in range(config.num_hidden_layers):
         paged.write(
             layer,
-            slots.flatten().to(device),
+            indices.flatten().to(device),
             keys[layer].flatten(0, 1),
             values[layer].flatten(0, 1),
         )

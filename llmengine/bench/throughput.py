@@ -360,15 +360,15 @@ FORWARD_PHASE = "model forward"
 
 @dataclass(frozen=True, slots=True)
 class StepProfile:
-    """Seconds per phase of `Engine.step`, summed over `steps` steps that ran a forward.
+    """Seconds per phase of `Engine.step`, summed over `steps` steps.
 
-    - schedule: `Scheduler.schedule` (release, grow, admit);
-    - index building: the rows' block tables and slot/position/mask tensors, built once per
-      step before the forward;
+    - schedule: `Scheduler.schedule` (grow, admit);
+    - index building: the rows' block tables and flat-index/position/mask tensors, built once
+      per step before the forward;
     - model forward: `forward_hidden` and `compute_logits` (the per-layer cache writes and
       gathers happen inside it, and count here);
     - sampling: logits to one token per row;
-    - update: `Scheduler.update` (tokens appended, finished requests marked);
+    - update: `Scheduler.update` (tokens appended, finished requests released);
     - bookkeeping: the outcome's counters and the pool's numbers after the step.
     """
 
@@ -424,9 +424,8 @@ def _phase_marks(engine: Engine) -> Iterator[list[float]]:
 def profile_steps(engine: Engine, workload: Sequence[RequestSpec]) -> StepProfile:
     """Add `workload` to `engine`, step it to the end, and split each step's time by phase.
 
-    Steps that ran no forward are left out. Each step's phases add up to its wall time, read
-    from timestamps around the calls `step` makes: schedule, forward_hidden, compute_logits,
-    update.
+    Each step's phases add up to its wall time, read from timestamps around the calls `step`
+    makes: schedule, forward_hidden, compute_logits, update.
     """
     for spec in workload:
         engine.add_request(list(spec.prompt_token_ids), spec.params)
@@ -438,8 +437,6 @@ def profile_steps(engine: Engine, workload: Sequence[RequestSpec]) -> StepProfil
             start = time.perf_counter()
             engine.step()
             end = time.perf_counter()
-            if len(marks) == 2:  # scheduled nothing: no forward
-                continue
             if len(marks) != 8:
                 raise RuntimeError(f"expected 4 timed calls in a step, saw {len(marks) // 2}")
             _, scheduled, forward, _, _, logits, updating, updated = marks

@@ -5,9 +5,9 @@ of each step and when each request arrived. It never looks at the engine, so the
 arithmetic serves a real engine run, a scripted list of outcomes in a test, and the records
 a static-batching lesson writes for itself.
 
-Two units of time run side by side. Iterations count forwards (a step that scheduled no row
-is not one) and give the deterministic tables. Clock time (the `_s` fields) is seconds on a
-wall clock and one unit per forward on the iteration clock, where the two agree.
+Two units of time run side by side. Iterations count forwards, one per outcome, and give the
+deterministic tables. Clock time (the `_s` fields) is seconds on a wall clock and one unit
+per forward on the iteration clock, where the two agree.
 """
 
 from __future__ import annotations
@@ -91,36 +91,35 @@ class ContinuousTiming:
         times: Sequence[float] | None = None,
         arrivals: dict[int, Arrival] | None = None,
     ) -> ContinuousTiming:
-        """Build the timing from a run's outcomes, in step order.
+        """Build the timing from a run's outcomes, one per forward, in step order.
 
-        `times[i]` is the clock after outcome i (default: the number of forwards so far, the
-        iteration clock). `arrivals` defaults to every request arriving before the first
-        forward at time 0. A forward's `forward_tokens` left at 0 is charged one position per
-        row, which is exactly what a decode-only iteration computes.
+        `times[i]` is the clock after outcome i (default: i + 1, the iteration clock).
+        `arrivals` defaults to every request arriving before the first forward at time 0. A
+        forward's `forward_tokens` left at 0 is charged one position per row, which is exactly
+        what a decode-only iteration computes.
         """
-        forwards = [outcome for outcome in outcomes if outcome.rows]
-        if not forwards:
+        if not outcomes:
             raise ValueError("no forward in these outcomes: nothing to time")
         if times is None:
-            times = _forward_counts(outcomes)
+            times = [float(number) for number in range(1, len(outcomes) + 1)]
         if len(times) != len(outcomes):
             raise ValueError(f"{len(outcomes)} outcomes but {len(times)} times")
         if arrivals is None:
             arrivals = {request_id: Arrival() for request_id in _request_ids(outcomes)}
         timing = cls(
-            num_slots=forwards[0].num_slots,
-            block_size=forwards[0].block_size,
-            rows=[o.rows for o in forwards],
-            prefill_rows=[o.prefill_rows for o in forwards],
-            forward_tokens=[o.forward_tokens or o.rows for o in forwards],
-            recomputed_tokens=[o.recomputed_tokens for o in forwards],
-            tokens_collected=[len(o.tokens) for o in forwards],
-            held_blocks=[o.held_blocks for o in forwards],
-            needed_blocks=[o.needed_blocks for o in forwards],
-            kv_tokens=[o.kv_tokens for o in forwards],
-            end_times_s=[t for o, t in zip(outcomes, times, strict=True) if o.rows],
+            num_slots=outcomes[0].num_slots,
+            block_size=outcomes[0].block_size,
+            rows=[o.rows for o in outcomes],
+            prefill_rows=[o.prefill_rows for o in outcomes],
+            forward_tokens=[o.forward_tokens or o.rows for o in outcomes],
+            recomputed_tokens=[o.recomputed_tokens for o in outcomes],
+            tokens_collected=[len(o.tokens) for o in outcomes],
+            held_blocks=[o.held_blocks for o in outcomes],
+            needed_blocks=[o.needed_blocks for o in outcomes],
+            kv_tokens=[o.kv_tokens for o in outcomes],
+            end_times_s=list(times),
             arrivals=dict(arrivals),
-            padded_tokens=[o.padded_tokens for o in forwards],
+            padded_tokens=[o.padded_tokens for o in outcomes],
         )
         timing._read_requests(outcomes, times)
         return timing
@@ -129,10 +128,7 @@ class ContinuousTiming:
         first_token_s: dict[int, float] = {}
         last_token_s: dict[int, float] = {}
         num_tokens: dict[int, int] = {}
-        done = 0
-        for outcome, now in zip(outcomes, times, strict=True):
-            iteration = done + 1
-            done += bool(outcome.rows)
+        for iteration, (outcome, now) in enumerate(zip(outcomes, times, strict=True), start=1):
             for request_id in outcome.evicted:
                 self.preempted_at.setdefault(request_id, []).append(iteration)
             for request_id in outcome.tokens:
@@ -271,14 +267,6 @@ class ContinuousTiming:
         """The unfilled tails of last blocks, over the capacity of the blocks needed."""
         capacity = sum(self.needed_blocks) * self.block_size
         return _share(capacity - sum(self.kv_tokens), capacity)
-
-
-def _forward_counts(outcomes: Sequence[IterationOutcome]) -> list[float]:
-    counts, done = [], 0
-    for outcome in outcomes:
-        done += bool(outcome.rows)
-        counts.append(float(done))
-    return counts
 
 
 def _request_ids(outcomes: Sequence[IterationOutcome]) -> list[int]:
