@@ -1,20 +1,19 @@
 """batchbench on the real engine: the Day-33 and Day-34 tables come out exactly.
 
-The embedded model when its weights are there, a random tiny Llama otherwise: the tables
-are about scheduling, so any model that generates the same text in every pool gives them.
+On the shipped model, with the seeds' numbers from `seed_tables`. The tables are about
+scheduling, so any model that generates the same text in every pool gives them.
 """
 
 from __future__ import annotations
 
 import pytest
+import seed_tables as seeds
 
 import llmengine
 from llmengine.bench.batchbench import PoolResult, run_workload, sweep_pool_sizes
 from llmengine.bench.clocks import WallClock
 from llmengine.bench.workloads import mixed_workload, staggered, uniform_burst
 from llmengine.engine import Engine
-
-DAY34_POOLS = [48, 32, 24, 16, 12, 8]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +24,20 @@ def model() -> llmengine.Llama:
 
 @pytest.fixture(scope="module")
 def day34(model: llmengine.Llama) -> dict[int, PoolResult]:
-    workload = uniform_burst(6, 5, 24, vocab_size=model.config.vocab_size, seed=34)
-    results = sweep_pool_sizes(model, workload, DAY34_POOLS, block_size=4, num_slots=6)
+    workload = uniform_burst(
+        seeds.DAY34_REQUESTS,
+        seeds.DAY34_PROMPT,
+        seeds.DAY34_BUDGET,
+        vocab_size=model.config.vocab_size,
+        seed=34,
+    )
+    results = sweep_pool_sizes(
+        model,
+        workload,
+        seeds.DAY34_POOLS,
+        block_size=seeds.DAY34_BLOCK,
+        num_slots=seeds.DAY34_SLOTS,
+    )
     return {result.pool_blocks: result for result in results}
 
 
@@ -35,94 +46,83 @@ def rounded(values: list[float], digits: int) -> list[float]:
 
 
 def test_day34_table(day34: dict[int, PoolResult]) -> None:
-    timings = [day34[pool].timing for pool in DAY34_POOLS]
-    assert [t.total_tokens for t in timings] == [144] * 6
-    assert rounded([t.occupancy for t in timings], 3) == [1.0, 0.75, 0.667, 0.462, 0.375, 0.24]
-    assert rounded([t.preemptions_per_request for t in timings], 2) == [
-        0.0,
-        0.33,
-        0.5,
-        0.83,
-        1.17,
-        1.33,
-    ]
-    assert rounded([100 * t.recompute_fraction for t in timings], 1) == [
-        0.0,
-        21.7,
-        26.3,
-        32.1,
-        39.9,
-        37.5,
-    ]
-    assert rounded([t.preemption_latency_penalty for t in timings], 2) == [  # type: ignore[misc]
-        1.0,
-        1.25,
-        1.39,
-        1.71,
-        1.9,
-        2.83,
-    ]
+    for pool, expected in seeds.DAY34.items():
+        timing = day34[pool].timing
+        assert timing.total_tokens == seeds.DAY34_TOKENS
+        measured = seeds.Day34Row(
+            round(timing.occupancy, 3),
+            round(timing.preemptions_per_request, 2),
+            round(100 * timing.recompute_fraction, 1),
+            round(timing.preemption_latency_penalty, 2),  # type: ignore[arg-type]
+        )
+        assert measured == expected, f"pool {pool}"
 
 
 def test_rows_cannot_tell_48_blocks_from_12_and_positions_can(
     day34: dict[int, PoolResult],
 ) -> None:
     roomy, cramped = day34[48].timing, day34[12].timing
-    assert sum(roomy.rows) == sum(cramped.rows) == 144
+    assert sum(roomy.rows) == sum(cramped.rows) == seeds.DAY34_TOKENS
     assert roomy.waste_fraction == cramped.waste_fraction == 0.0
-    assert (roomy.total_forward_tokens, cramped.total_forward_tokens) == (168, 268)
-    assert cramped.total_recomputed_tokens == 107
+    positions = {48: roomy.total_forward_tokens, 12: cramped.total_forward_tokens}
+    assert positions == seeds.DAY34_FORWARD_POSITIONS
+    assert cramped.total_recomputed_tokens == seeds.DAY34_RECOMPUTED_AT_12
 
 
 def test_the_12_block_staircase(day34: dict[int, PoolResult]) -> None:
     cramped = day34[12]
-    assert cramped.latencies_iterations == [24, 28, 36, 44, 56, 64]
-    assert cramped.timing.mean_latency_s == 42.0
+    youngest = seeds.DAY34_REQUESTS - 1
+    assert cramped.latencies_iterations == seeds.DAY34_STAIRCASE_AT_12
+    assert cramped.timing.mean_latency_iterations == seeds.DAY34_MEAN_LATENCY_AT_12
     victims = cramped.timing.preempted_at
-    assert 0 not in victims and len(victims[cramped.run.request_ids[5]]) == 3
+    assert 0 not in victims
+    assert len(victims[cramped.run.request_ids[youngest]]) == seeds.DAY34_YOUNGEST_EVICTIONS_AT_12
     # The clean comparison: the same request in two pools.
-    assert (day34[48].latencies_iterations[5], cramped.latencies_iterations[5]) == (24, 64)
+    assert day34[48].latencies_iterations[youngest] == seeds.DAY34_YOUNGEST_LATENCY_AT_48
 
 
 def test_tight_pools_catch_victims_young(day34: dict[int, PoolResult]) -> None:
-    assert day34[8].timing.tokens_per_eviction == 12.0
-    assert round(day34[12].timing.tokens_per_eviction, 1) == 15.3  # type: ignore[arg-type]
+    per_eviction = {pool: round(day34[pool].timing.tokens_per_eviction, 1) for pool in (8, 12)}
+    assert per_eviction == seeds.DAY34_PER_EVICTION
     assert day34[48].timing.tokens_per_eviction is None
 
 
 def test_every_pool_generated_the_same_text(day34: dict[int, PoolResult]) -> None:
-    outputs = [day34[pool].outputs for pool in DAY34_POOLS]
+    outputs = [day34[pool].outputs for pool in seeds.DAY34_POOLS]
     assert all(output == outputs[0] for output in outputs)
-    assert [len(tokens) for tokens in outputs[0]] == [24] * 6
+    assert [len(tokens) for tokens in outputs[0]] == [seeds.DAY34_BUDGET] * seeds.DAY34_REQUESTS
 
 
-@pytest.mark.parametrize(
-    ("policy", "iterations", "occupancy", "preemptions", "recomputed"),
-    [
-        ("reserve", [96, 48, 24], [0.25, 0.5, 1.0], [0, 0, 0], [0, 0, 0]),
-        ("incremental", [44, 28, 24], [0.545, 0.857, 1.0], [3, 1, 0], [55, 25, 0]),
-    ],
-)
-def test_day33_table(
-    model: llmengine.Llama,
-    policy: str,
-    iterations: list[int],
-    occupancy: list[float],
-    preemptions: list[int],
-    recomputed: list[int],
-) -> None:
-    workload = uniform_burst(4, 5, 24, vocab_size=model.config.vocab_size, seed=33)
-    results = sweep_pool_sizes(
-        model, workload, [12, 24, 32], block_size=4, num_slots=4, policy=policy
+@pytest.mark.parametrize("policy", ["reserve", "incremental"])
+def test_day33_table(model: llmengine.Llama, policy: str) -> None:
+    workload = uniform_burst(
+        seeds.DAY33_REQUESTS,
+        seeds.DAY33_PROMPT,
+        seeds.DAY33_BUDGET,
+        vocab_size=model.config.vocab_size,
+        seed=33,
     )
-    timings = [result.timing for result in results]
-    assert [t.iterations for t in timings] == iterations
-    assert rounded([t.occupancy for t in timings], 3) == occupancy
-    assert [t.preemptions for t in timings] == preemptions
-    assert [t.total_recomputed_tokens for t in timings] == recomputed
-    assert [t.total_tokens for t in timings] == [96] * 3
+    pools_in_tokens = sorted({pool for pool, _ in seeds.DAY33})
+    results = sweep_pool_sizes(
+        model,
+        workload,
+        [tokens // seeds.DAY33_BLOCK for tokens in pools_in_tokens],
+        block_size=seeds.DAY33_BLOCK,
+        num_slots=seeds.DAY33_SLOTS,
+        policy=policy,
+    )
+    for tokens, result in zip(pools_in_tokens, results, strict=True):
+        timing = result.timing
+        measured = seeds.Day33Row(
+            timing.iterations,
+            round(timing.occupancy, 3),
+            timing.preemptions,
+            timing.total_recomputed_tokens,
+        )
+        assert measured == seeds.DAY33[(tokens, policy)], f"{tokens}-token pool"
+        assert timing.total_tokens == seeds.DAY33_TOKENS
     # The worst-case booking holds blocks for text not yet written; a step at a time never does.
-    wastes = [t.reservation_waste for t in timings]
+    wastes = [result.timing.reservation_waste for result in results]
     assert all(waste > 0 for waste in wastes) if policy == "reserve" else wastes == [0.0] * 3
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+import seed_tables as seeds
 
 from llmengine.blocks import blocks_for_length
 from llmengine.request import Request, RequestState
@@ -257,36 +258,42 @@ def test_abort_waiting_running_and_preempted() -> None:
 # -- the seeds' tables, over integers -----------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("pool_tokens", "policy", "iterations", "preemptions", "recomputed"),
-    [
-        (48, "reserve", 96, 0, 0),
-        (48, "incremental", 44, 3, 55),
-        (96, "reserve", 48, 0, 0),
-        (96, "incremental", 28, 1, 25),
-        (128, "reserve", 24, 0, 0),
-        (128, "incremental", 24, 0, 0),
-    ],
-)
-def test_day33_table(
-    pool_tokens: int, policy: str, iterations: int, preemptions: int, recomputed: int
-) -> None:
-    scheduler = Scheduler(num_blocks=pool_tokens // 4, block_size=4, num_slots=4, policy=policy)
-    run = drive(scheduler, uniform_burst(4, 5, 24, 4))
-    assert (run.iterations, run.preemptions, run.recomputed) == (
-        iterations,
-        preemptions,
-        recomputed,
+@pytest.mark.parametrize(("pool_tokens", "policy"), list(seeds.DAY33))
+def test_day33_table(pool_tokens: int, policy: str) -> None:
+    scheduler = Scheduler(
+        num_blocks=pool_tokens // seeds.DAY33_BLOCK,
+        block_size=seeds.DAY33_BLOCK,
+        num_slots=seeds.DAY33_SLOTS,
+        policy=policy,
     )
-    assert run.tokens == 96
+    burst = uniform_burst(
+        seeds.DAY33_REQUESTS, seeds.DAY33_PROMPT, seeds.DAY33_BUDGET, seeds.DAY33_BLOCK
+    )
+    run = drive(scheduler, burst)
+    expected = seeds.DAY33[(pool_tokens, policy)]
+    assert (run.iterations, run.preemptions, run.recomputed) == (
+        expected.iterations,
+        expected.preemptions,
+        expected.recomputed,
+    )
+    assert round(run.tokens / (run.iterations * seeds.DAY33_SLOTS), 3) == expected.occupancy
+    assert run.tokens == seeds.DAY33_TOKENS
 
 
 def test_day34_staircase_at_12_blocks() -> None:
-    scheduler = Scheduler(num_blocks=12, block_size=4, num_slots=6)
-    run = drive(scheduler, uniform_burst(6, 5, 24, 4))
-    assert [run.latency[i] for i in range(6)] == [24, 28, 36, 44, 56, 64]
-    assert run.evictions[5] == 3
-    assert (run.forward_tokens, run.recomputed, run.preemptions) == (268, 107, 7)
+    scheduler = Scheduler(num_blocks=12, block_size=seeds.DAY34_BLOCK, num_slots=seeds.DAY34_SLOTS)
+    burst = uniform_burst(
+        seeds.DAY34_REQUESTS, seeds.DAY34_PROMPT, seeds.DAY34_BUDGET, seeds.DAY34_BLOCK
+    )
+    run = drive(scheduler, burst)
+    assert [run.latency[i] for i in range(seeds.DAY34_REQUESTS)] == seeds.DAY34_STAIRCASE_AT_12
+    assert run.evictions[seeds.DAY34_REQUESTS - 1] == seeds.DAY34_YOUNGEST_EVICTIONS_AT_12
+    evictions = round(seeds.DAY34[12].evictions_per_request * seeds.DAY34_REQUESTS)
+    assert (run.forward_tokens, run.recomputed, run.preemptions) == (
+        seeds.DAY34_FORWARD_POSITIONS[12],
+        seeds.DAY34_RECOMPUTED_AT_12,
+        evictions,
+    )
 
 
 def test_day29_shape_needs_31_blocks_reserved_and_16_incremental() -> None:
@@ -298,5 +305,6 @@ def test_day29_shape_needs_31_blocks_reserved_and_16_incremental() -> None:
         run = drive(scheduler, requests())
         return run.preemptions == 0 and run.iterations == 32
 
-    assert all_admitted_at_once(31, "reserve") and not all_admitted_at_once(30, "reserve")
-    assert all_admitted_at_once(16, "incremental") and not all_admitted_at_once(15, "incremental")
+    for policy, smallest in seeds.DAY29_SHAPE_SMALLEST_POOL.items():
+        assert all_admitted_at_once(smallest, policy)
+        assert not all_admitted_at_once(smallest - 1, policy)
