@@ -31,7 +31,12 @@ class Engine:
     worst case (lesson 12); `policy="incremental"` buys blocks a step at a time and preempts
     the youngest running request by recompute when the pool runs dry (lesson 13). Any other
     policy is refused with ValueError here, before the cache is allocated.
+
+    `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
+    scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
     """
+
+    scheduler_class: type[Scheduler] = Scheduler
 
     def __init__(
         self,
@@ -46,7 +51,7 @@ class Engine:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(num_blocks, block_size, num_slots, policy, watermark)
+        self.scheduler = self.scheduler_class(num_blocks, block_size, num_slots, policy, watermark)
         self.scheduler.on_release = self._on_release
         parameter = next(model.parameters())
         self.cache = PagedKVCache(

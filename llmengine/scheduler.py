@@ -163,13 +163,15 @@ class Scheduler:
             request = self.running[index]
             needed = self.blocks_needed_for(request)
             while needed > self.pool.num_free:
-                # Seniority makes this terminate: the oldest running request is never a
-                # victim, so it always finishes and frees its blocks.
-                victim = self.running[-1]
+                # Only requests not yet granted this step's block are candidates: evicting one
+                # that already has its row would take back a block promised to the forward.
+                victim = self.select_victim(self.running[index:])
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
-                    return
+                    break
+            if request.state is not RequestState.RUNNING:
+                continue  # it was its own victim; the next request now sits at `index`
             request.block_table.extend(self.pool.allocate(needed))
             out.rows.append(self._decode_row(request))
             index += 1
@@ -185,16 +187,32 @@ class Scheduler:
             request.slot = self.free_slots.popleft()
             request.block_table.extend(self.pool.allocate(needed))
             self.running.append(request)
-            resumed = request.num_preemptions > 0
-            out.rows.append(
-                ScheduledRow(
-                    request,
-                    start_position=0,
-                    num_positions=request.num_tokens,
-                    is_prefill=True,
-                    recomputed=request.num_tokens if resumed else 0,
-                )
-            )
+            out.rows.append(self.prefill_row(request))
+
+    def select_victim(self, candidates: list[Request]) -> Request:
+        """Whom to preempt when growth finds the pool dry: the youngest candidate.
+
+        `candidates` are the running requests, oldest first, from the one that needs a block
+        to the youngest. Seniority is what makes growth terminate: the oldest running request
+        is never a victim, so it always reaches its last token and frees its blocks. (Lesson
+        16 swaps this rule for others and watches them fail.)
+        """
+        return candidates[-1]
+
+    def prefill_row(self, request: Request) -> ScheduledRow:
+        """The row that admits `request`: its prompt, or for a resumed request everything.
+
+        A preempted request comes back over prompt plus the tokens it generated, all of them
+        recomputed: resume, not restart, so it samples the token it would have sampled anyway.
+        """
+        resumed = request.num_preemptions > 0
+        return ScheduledRow(
+            request,
+            start_position=0,
+            num_positions=request.num_tokens,
+            is_prefill=True,
+            recomputed=request.num_tokens if resumed else 0,
+        )
 
     @staticmethod
     def _decode_row(request: Request) -> ScheduledRow:

@@ -12,8 +12,9 @@ from hf_llama import hf_greedy, save_random_llama
 import llmengine
 from llmengine import engine as engine_module
 from llmengine.engine import Engine
-from llmengine.request import RequestState
+from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
+from llmengine.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
@@ -345,3 +346,22 @@ def test_embedded_model_text_is_the_same_cramped_roomy_and_in_transformers() -> 
     for prompt, text in zip(prompts, roomy_text, strict=True):
         expected = hf_greedy(reference.eval(), torch.tensor([tokenizer.encode(prompt)]), 24)[0]
         assert text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_an_engine_subclass_runs_its_own_scheduler_class(model: llmengine.Llama) -> None:
+    victims: list[int] = []
+
+    class Recording(Scheduler):
+        def select_victim(self, candidates: list[Request]) -> Request:
+            victims.append(candidates[-1].request_id)
+            return candidates[-1]
+
+    class RecordingEngine(Engine):
+        scheduler_class = Recording
+
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+    engine = RecordingEngine(model, num_blocks=8, block_size=4, num_slots=2)
+    outputs = engine.generate(prompts, GREEDY)
+    assert isinstance(engine.scheduler, Recording) and victims
+    roomy = Engine(model, num_blocks=16, block_size=4, num_slots=2)
+    assert outputs == roomy.generate(prompts, GREEDY)

@@ -132,6 +132,22 @@ def test_victim_is_the_youngest_running_request() -> None:
     scheduler.check_integrity()
 
 
+def test_the_victim_rule_is_one_overridable_method() -> None:
+    class OldestFirst(Scheduler):
+        def select_victim(self, candidates: list[Request]) -> Request:
+            return candidates[0]
+
+    scheduler = OldestFirst(num_blocks=6, block_size=4, num_slots=3)
+    for request in uniform_burst(3, 8, 8, 4):
+        scheduler.add(request)
+    scheduler.update(scheduler.schedule(), {0: 7, 1: 7, 2: 7})
+    out = scheduler.schedule()
+    # Request 0 needs a block first and evicts itself; 1 and 2 then find one free each.
+    assert [r.request_id for r in out.preempted] == [0]
+    assert [r.request_id for r in scheduler.running] == [1, 2]
+    scheduler.check_integrity()
+
+
 def test_queue_order_after_several_preemptions() -> None:
     scheduler = Scheduler(num_blocks=7, block_size=4, num_slots=4)
     requests = uniform_burst(5, 4, 8, 4)
