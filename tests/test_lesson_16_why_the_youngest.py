@@ -15,6 +15,7 @@ from llmengine.blocks import blocks_for_length
 from llmengine.lessons.victim_rules import (
     RESTART_RULES,
     RESUME_RULES,
+    Config,
     EvictLargest,
     EvictLargestOfAll,
     SweepResult,
@@ -30,17 +31,18 @@ from llmengine.scheduler import Scheduler
 BLOCK, POOL, SLOTS = 2, 5, 2
 WORKLOAD = [(4, 6), (2, 6)]
 BUDGET = 6
+Sweeps = dict[tuple[str, str], SweepResult]
 
 
 @pytest.fixture(scope="module")
-def configs() -> list:
+def configs() -> list[Config]:
     return small_configs(
         num_requests=2, block_sizes=(1, 2), max_blocks=6, max_prompt=3, max_budget=5
     )
 
 
 @pytest.fixture(scope="module")
-def sweeps(configs: list) -> dict[tuple[str, str], SweepResult]:
+def sweeps(configs: list[Config]) -> Sweeps:
     admitted = [config for config in configs if config.passes_the_door()]
     return {
         (victims, rule): sweep_rule(scheduler_class, admitted)
@@ -72,7 +74,7 @@ def test_three_rules_on_the_engine_as_built_all_drain() -> None:
         assert trace.finished_at == {1: BUDGET, 0: 9}
 
 
-def test_nothing_loops_when_victims_resume(configs: list, sweeps: dict) -> None:
+def test_nothing_loops_when_victims_resume(configs: list[Config], sweeps: Sweeps) -> None:
     admitted = [config for config in configs if config.passes_the_door()]
     for rule in RESUME_RULES:
         result = sweeps["resume", rule]
@@ -82,7 +84,7 @@ def test_nothing_loops_when_victims_resume(configs: list, sweeps: dict) -> None:
         assert result.livelocked == 0
 
 
-def test_every_step_runs_a_row_when_victims_resume(configs: list) -> None:
+def test_every_step_runs_a_row_when_victims_resume(configs: list[Config]) -> None:
     # Step 1 of the lesson's argument, checked directly on every run of the largest rule.
     for config in configs:
         if config.passes_the_door():
@@ -130,7 +132,7 @@ def test_the_loop_is_requests_taking_turns() -> None:
     )
 
 
-def test_evict_the_youngest_drains_even_when_victims_restart(sweeps: dict) -> None:
+def test_evict_the_youngest_drains_even_when_victims_restart(sweeps: Sweeps) -> None:
     result = sweeps["restart", "youngest"]
     assert result.drained == result.configs and result.livelocked == 0
     assert sweeps["restart", "largest"].livelocked > 0
@@ -141,7 +143,7 @@ def test_evict_the_youngest_drains_even_when_victims_restart(sweeps: dict) -> No
     assert trace.tokens_kept == 12 < trace.tokens_sampled
 
 
-def test_the_oldest_is_never_a_victim_under_the_youngest_rule(sweeps: dict) -> None:
+def test_the_oldest_is_never_a_victim_under_the_youngest_rule(sweeps: Sweeps) -> None:
     for victims in ("resume", "restart"):
         assert sweeps[victims, "youngest"].oldest_evicted == 0
         assert sweeps[victims, "youngest"].seniority_lost == 0
@@ -177,7 +179,7 @@ def test_only_requests_behind_the_asker_are_candidates() -> None:
     assert not any(step.orphan_rows for step in restricted.steps)
 
 
-def test_the_door_check_is_the_other_half(configs: list, sweeps: dict) -> None:
+def test_the_door_check_is_the_other_half(configs: list[Config], sweeps: Sweeps) -> None:
     for key, result in sweeps.items():
         assert result.lone_self_evictions == 0, key
     # Past the door: a worst case two positions over the pool evicts r1, then itself, then
@@ -194,7 +196,7 @@ def test_the_door_check_is_the_other_half(configs: list, sweeps: dict) -> None:
         assert _door_admits(request) == fits
 
 
-def test_the_door_is_one_position_stricter_than_the_proof(configs: list) -> None:
+def test_the_door_is_one_position_stricter_than_the_proof(configs: list[Config]) -> None:
     refused = [config for config in configs if not config.passes_the_door()]
     drains = [
         config

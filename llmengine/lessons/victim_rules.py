@@ -266,7 +266,7 @@ def run_until_drained_or_repeated(
                     scheduler.add(request)
                 else:
                     scheduler.waiting.append(request)
-        everybody_here = len(trace.steps) >= max(arrive_at)
+        everybody_here = len(trace.steps) >= max(arrive_at, default=0)
         if everybody_here:
             state = scheduler_state(scheduler, requests)
             if state in seen:
