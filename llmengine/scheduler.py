@@ -282,8 +282,9 @@ class Scheduler:
         """Put `request` among the running ones by seniority, which growth relies on.
 
         Under recompute alone everyone waiting is younger than everyone running, so this is
-        an append; a request back from swap can be older than ones already running, and one
-        preempted by recompute older than one that swapped in before it.
+        an append. Not so with swap: swapped requests come back first out first in, so an
+        older victim returns after a younger one, and a request preempted by recompute can be
+        admitted after a younger one came back from swap.
         """
         insort(self.running, request, key=lambda running: running.arrival)
 
@@ -324,6 +325,8 @@ class Scheduler:
 
     def _evict(self, victim: Request, out: SchedulerOutput) -> None:
         """Preempt `victim` by swap when the swap space holds its blocks, else by recompute."""
+        if self.policy == "reserve":
+            raise AssertionError("the reserve policy never runs short, so never preempts")
         out.preempted.append(victim)
         swap = self.swap_pool
         if swap is not None and swap.can_allocate(len(victim.block_table.block_ids)):
@@ -334,8 +337,6 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
-        if self.policy == "reserve":
-            raise AssertionError("the reserve policy never runs short, so never preempts")
         self.running.remove(request)
         self._release(request)
         request.move_to(RequestState.WAITING)
@@ -347,8 +348,6 @@ class Scheduler:
 
         Returns the (device block, host block) pairs the engine must copy before the forward.
         """
-        if self.policy == "reserve":
-            raise AssertionError("the reserve policy never runs short, so never preempts")
         self.running.remove(request)
         host_ids = self.swap_pool.allocate(len(request.block_table.block_ids))
         device_ids = request.block_table.relocate(host_ids)
