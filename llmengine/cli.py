@@ -105,6 +105,17 @@ def _pool_sizes(text: str) -> list[int]:
     return [_positive_int(part.strip()) for part in text.split(",")]
 
 
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     """Run the uniform burst through one engine per pool size and print one row per pool."""
     import json
@@ -126,6 +137,8 @@ def _run_bench(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             num_slots=args.slots,
             policy=args.policy,
+            preemption=args.preemption,
+            swap_blocks=args.swap_blocks,
             progress=sys.stderr.isatty(),
         )
     except DivergentOutputError as error:
@@ -137,10 +150,11 @@ def _run_bench(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         print(format_csv(summaries), end="")
     else:
+        swap = f", swap ({args.swap_blocks} host blocks)" if args.preemption == "swap" else ""
         print(
             f"{args.requests} requests arriving together, {args.prompt_len}-token prompts, "
             f"{args.max_tokens} tokens each; {args.slots} slots, block size {args.block_size}, "
-            f"policy {args.policy}; latencies in iterations"
+            f"policy {args.policy}{swap}; latencies in iterations"
         )
         print(format_table(summaries))
     return 0
@@ -174,6 +188,14 @@ def add_bench(subparsers: Subparsers) -> None:
         help="pool sizes in blocks, comma-separated",
     )  # fmt: skip
     parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
+    parser.add_argument(
+        "--preemption", choices=("recompute", "swap"), default="recompute",
+        help="what evicting a request does with its K/V: throw it away, or copy it to host memory",
+    )  # fmt: skip
+    parser.add_argument(
+        "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
+        help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
+    )  # fmt: skip
     add_model_argument(parser)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(handler=_run_bench)
