@@ -1,6 +1,8 @@
 """The lessons layer: what only the notebooks in `lessons/` use.
 
 Figures and tables written reproducibly (`artifacts`), drawings (`diagrams`), step-by-step
-walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`) and the arithmetic of
-fragmentation (`fragmentation`). It may import the core and the bench layer; neither imports it.
+walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`), the arithmetic of
+fragmentation (`fragmentation`), the stress harness (`stress`) and the deliberately wrong
+resumes a lesson shows failing (`wrong_resumes`). It may import the core and the bench layer;
+neither imports it.
 """
