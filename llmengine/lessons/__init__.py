@@ -1,6 +1,8 @@
 """The lessons layer: what only the notebooks in `lessons/` use.
 
 Figures and tables written reproducibly (`artifacts`), drawings (`diagrams`), step-by-step
-walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`) and the arithmetic of
-fragmentation (`fragmentation`). It may import the core and the bench layer; neither imports it.
+walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`), the arithmetic of
+fragmentation (`fragmentation`), and admission rules measured against the core's
+(`lookahead`, a deliberately insufficient reserve; `watermarks`, the watermark sweep). It may
+import the core and the bench layer; neither imports it.
 """
