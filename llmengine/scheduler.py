@@ -250,7 +250,7 @@ class Scheduler:
         while self.swapped and self.free_slots:
             request = self.swapped[0]
             needed = self.blocks_needed_for(request)
-            if self.pool.num_free - needed < self.watermark:
+            if self.pool.num_free - needed < self.free_blocks_to_keep():
                 break
             self.swapped.popleft()
             kept = len(request.block_table.block_ids)
@@ -269,7 +269,7 @@ class Scheduler:
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             needed = self.blocks_needed_for(request)
-            if self.pool.num_free - needed < self.watermark:
+            if self.pool.num_free - needed < self.free_blocks_to_keep():
                 break
             self.waiting.popleft()
             request.move_to(RequestState.RUNNING)
@@ -277,6 +277,14 @@ class Scheduler:
             request.block_table.extend(self.pool.allocate(needed))
             self._seat(request)
             out.rows.append(self.prefill_row(request))
+
+    def free_blocks_to_keep(self) -> int:
+        """Free blocks an admission or a swap-in must leave in the pool: the watermark.
+
+        Growth may spend them; only newcomers are refused. (Lesson 17 replaces this rule with
+        a one-step lookahead reserve and measures both.)
+        """
+        return self.watermark
 
     def _seat(self, request: Request) -> None:
         """Put `request` among the running ones by seniority, which growth relies on.

@@ -2,7 +2,8 @@
 
 Figures and tables written reproducibly (`artifacts`), drawings (`diagrams`), step-by-step
 walkthroughs (`paged_walkthrough`, `forward_log`, `cached_generation`), the arithmetic of
-fragmentation (`fragmentation`), the stress harness (`stress`) and the deliberately wrong
-resumes a lesson shows failing (`wrong_resumes`). It may import the core and the bench layer;
-neither imports it.
+fragmentation (`fragmentation`), the stress harness (`stress`), the deliberately wrong
+resumes a lesson shows failing (`wrong_resumes`), and admission rules measured against the
+core's (`lookahead`, a deliberately insufficient reserve; `watermarks`, the watermark sweep).
+It may import the core and the bench layer; neither imports it.
 """
