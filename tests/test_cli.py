@@ -2,12 +2,10 @@
 
 import io
 import itertools
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from subprocess import PIPE
 
 import pytest
 from hf_llama import save_random_llama, save_word_level_tokenizer
@@ -176,18 +174,19 @@ def test_errors_from_the_console_have_no_traceback(checkpoint: Path) -> None:
     assert b"seed must be" in bad.stderr and b"Traceback" not in bad.stderr
 
 
-def test_a_closed_stdout_stops_generate_quietly(checkpoint: Path) -> None:
-    """`llmengine generate ... | head -c 10`: the reader leaves, generate stops, no traceback."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    command = [sys.executable, "-m", "llmengine", "generate", "--model", str(checkpoint)]
-    try:
-        run = subprocess.run(
-            [*command, "--prompt", "w5", "--max-tokens", "3"], stdout=write_end, stderr=PIPE
-        )
-    finally:
-        os.close(write_end)
-    assert (run.returncode, run.stderr) == (EXIT_BROKEN_PIPE, b"")
+class ClosedPipe(io.StringIO):
+    """The stdout of `llmengine generate ... | head -c 10` once head has exited."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_stops_generate_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["generate", "--prompt", "ROMEO:", "--max-tokens", "8"]) == EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
 
 
 def test_generate_uses_the_embedded_model_by_default(capsys: pytest.CaptureFixture[str]) -> None:
