@@ -16,6 +16,7 @@ from llmengine.blocks import blocks_for_length as blocks_for_length
 from llmengine.config import LlamaConfig as LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache as ContiguousKVCache
 from llmengine.contiguous_cache import contiguous_forward as contiguous_forward
+from llmengine.detokenizer import IncrementalDecoder as IncrementalDecoder
 from llmengine.engine import Engine as Engine
 from llmengine.generation import generate_tokens as generate_tokens
 from llmengine.loader import embedded_model_path as embedded_model_path
@@ -30,6 +31,7 @@ from llmengine.request import Request as Request
 from llmengine.request import RequestState as RequestState
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduler import Scheduler as Scheduler
+from llmengine.tokenizer import Tokenizer as Tokenizer
 from llmengine.tokenizer import load_tokenizer as load_tokenizer
 
 # Names from the bench layer, by the module that defines them: resolved by `__getattr__`

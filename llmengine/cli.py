@@ -4,13 +4,15 @@ Each subcommand is a function that adds its parser to the subparsers and sets `h
 (a callable taking the parsed arguments and returning an exit code). Adding a verb is one
 such function appended to `SUBCOMMANDS`. Errors a user can cause (bad numbers, a folder
 that is not a checkpoint) surface as `ValueError` or `OSError` and are printed as one line
-with exit status 2, never as a traceback.
+with exit status 2, never as a traceback. What only some subcommands need (the engine, the
+bench layer) is imported inside their handlers, so that `--help` and errors stay quick.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from llmengine.sampling import SamplingParams
 
 Subparsers = argparse._SubParsersAction  # argparse exposes no public name for this type
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a filter cut off
+BLOCK_SIZE = 16  # tokens per KV block for `generate`: the engine's default
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +36,11 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    """Load the model and tokenizer, generate one completion, print it."""
+    """Complete one prompt through the engine, printing the text as the tokens arrive.
+
+    stdout gets only the completion (then a newline), so it can be piped; a summary of the
+    generation (tokens, seconds from the request to its last token, tokens/s) goes to stderr.
+    """
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -42,21 +50,48 @@ def _run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     import llmengine
-    from llmengine.generation import generate_text
+    from llmengine.detokenizer import IncrementalDecoder
 
     model = llmengine.load_model(args.model)
     tokenizer = llmengine.load_tokenizer(args.model)
-    print(generate_text(model, tokenizer, args.prompt, params))
+    prompt_ids = tokenizer.encode(args.prompt)
+    # One request alone: a pool that holds its worst case, so it is never preempted.
+    num_blocks = llmengine.blocks_for_length(len(prompt_ids) + params.max_tokens, BLOCK_SIZE)
+    engine = llmengine.Engine(model, num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=1)
+    start = time.perf_counter()
+    request_id = engine.add_request(prompt_ids, params)
+    decoder = IncrementalDecoder(tokenizer)
+    num_tokens = 0
+    while engine.has_unfinished():
+        outcome = engine.step()
+        if request_id in outcome.tokens:
+            num_tokens += 1
+            _print_now(decoder.add(outcome.tokens[request_id]))
+    elapsed = time.perf_counter() - start
+    _print_now(decoder.finish() + "\n")
+    print(
+        f"llmengine generate: {num_tokens} tokens in {elapsed:.2f} s "
+        f"({num_tokens / elapsed:.0f} tokens/s)",
+        file=sys.stderr,
+    )
     return 0
 
 
+def _print_now(text: str) -> None:
+    """Write to stdout and flush, so that a reader sees each piece as it is generated."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
 def add_generate(subparsers: Subparsers) -> None:
-    """`llmengine generate`: complete one prompt with the plain (uncached) loop."""
+    """`llmengine generate`: complete one prompt through the engine, streaming the text."""
     defaults = SamplingParams()
     parser = subparsers.add_parser(
         "generate",
         help="complete one prompt",
-        description="Complete one prompt and print the generated text.",
+        description="Complete one prompt, printing the text as it is generated; "
+        "a summary (tokens, tokens/s) goes to stderr.",
     )
     add_model_argument(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
@@ -105,6 +140,17 @@ def _pool_sizes(text: str) -> list[int]:
     return [_positive_int(part.strip()) for part in text.split(",")]
 
 
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     """Run the uniform burst through one engine per pool size and print one row per pool."""
     import json
@@ -126,6 +172,8 @@ def _run_bench(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             num_slots=args.slots,
             policy=args.policy,
+            preemption=args.preemption,
+            swap_blocks=args.swap_blocks,
             progress=sys.stderr.isatty(),
         )
     except DivergentOutputError as error:
@@ -137,10 +185,11 @@ def _run_bench(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         print(format_csv(summaries), end="")
     else:
+        swap = f", swap ({args.swap_blocks} host blocks)" if args.preemption == "swap" else ""
         print(
             f"{args.requests} requests arriving together, {args.prompt_len}-token prompts, "
             f"{args.max_tokens} tokens each; {args.slots} slots, block size {args.block_size}, "
-            f"policy {args.policy}; latencies in iterations"
+            f"policy {args.policy}{swap}; latencies in iterations"
         )
         print(format_table(summaries))
     return 0
@@ -174,6 +223,14 @@ def add_bench(subparsers: Subparsers) -> None:
         help="pool sizes in blocks, comma-separated",
     )  # fmt: skip
     parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
+    parser.add_argument(
+        "--preemption", choices=("recompute", "swap"), default="recompute",
+        help="what evicting a request does with its K/V: throw it away, or copy it to host memory",
+    )  # fmt: skip
+    parser.add_argument(
+        "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
+        help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
+    )  # fmt: skip
     add_model_argument(parser)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(handler=_run_bench)
@@ -199,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`): stop quietly, as a Unix filter does.
+        return EXIT_BROKEN_PIPE
     except (ValueError, OSError) as error:
         print(f"llmengine {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -2,9 +2,11 @@
 
 `step()` is one scheduling decision and one forward over every scheduled row: fresh prefills,
 resumed prefills (prompt plus the tokens generated before the preemption: resume, not
-restart) and decodes, all in the same call. A request that gets its last token gives its
-blocks and slot back in that same step, so a run ends with the step that finishes it. The
-step reports what happened as an `IterationOutcome`, which is all a benchmark needs to see.
+restart) and decodes, all in the same call. Before the forward it carries out the decision's
+swaps: every block copied out to host memory, then every block copied back in. A request that
+gets its last token gives its blocks and slot back in that same step, so a run ends with the
+step that finishes it. The step reports what happened as an `IterationOutcome`, which is all a
+benchmark needs to see.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ class Engine:
     `num_blocks` KV blocks of `block_size` tokens form the pool; at most `num_slots` requests
     run in one forward. `policy="reserve"` admits a request only when the pool can hold its
     worst case (lesson 12); `policy="incremental"` buys blocks a step at a time and preempts
-    the youngest running request by recompute when the pool runs dry (lesson 13). Any other
-    policy is refused with ValueError here, before the cache is allocated.
+    the youngest running request when the pool runs dry (lesson 13). Any other policy is
+    refused with ValueError here, before the cache is allocated.
+
+    `preemption="recompute"` throws a victim's K/V away and recomputes it when the victim
+    resumes; `preemption="swap"` copies it to a host swap space of `swap_blocks` blocks and
+    back (lesson 18), falling back to recompute when the swap space cannot hold the victim.
+    `swap_blocks` must be 0 under recompute; under swap, 0 means every victim falls back.
 
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
@@ -47,15 +54,30 @@ class Engine:
         num_slots: int = 8,
         policy: str = "incremental",
         watermark: int = 0,
+        preemption: str = "recompute",
+        swap_blocks: int = 0,
         tokenizer: Any = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.scheduler = self.scheduler_class(num_blocks, block_size, num_slots, policy, watermark)
+        self.scheduler = self.scheduler_class(
+            num_blocks,
+            block_size,
+            num_slots,
+            policy,
+            watermark,
+            preemption=preemption,
+            swap_blocks=swap_blocks,
+        )
         self.scheduler.on_release = self._on_release
         parameter = next(model.parameters())
         self.cache = PagedKVCache(
-            model.config, num_blocks, block_size, dtype=parameter.dtype, device=parameter.device
+            model.config,
+            num_blocks,
+            block_size,
+            dtype=parameter.dtype,
+            device=parameter.device,
+            swap_blocks=swap_blocks,
         )
         self.eos_token_ids = model.config.eos_token_ids
         self.iteration = 0
@@ -75,6 +97,14 @@ class Engine:
     @property
     def num_free_blocks(self) -> int:
         return self.scheduler.pool.num_free
+
+    @property
+    def num_swap_blocks(self) -> int:
+        return self.scheduler.num_swap_blocks
+
+    @property
+    def num_free_swap_blocks(self) -> int:
+        return self.scheduler.num_free_swap_blocks
 
     @property
     def block_size(self) -> int:
@@ -125,7 +155,7 @@ class Engine:
         return request.request_id
 
     def abort(self, request_id: int) -> bool:
-        """Stop a waiting, running or preempted request; its blocks and slot go back now.
+        """Stop a waiting, running, preempted or swapped request; what it holds goes back now.
 
         True when it stopped something. False when the request had already finished: a server
         races a client's disconnect against the last token, and losing that race is no error.
@@ -160,6 +190,10 @@ class Engine:
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         decision = self.scheduler.schedule()
+        # Out before in, both before the forward: a block a victim gave up may already be
+        # another row's, or a swapped-in request's, in this very decision.
+        self.cache.swap_out(decision.blocks_to_swap_out)
+        self.cache.swap_in(decision.blocks_to_swap_in)
         for row in decision.rows:
             self.slot_owners[row.request.slot] = row.request.request_id
         logits = paged_forward(self.model, self.cache, [paged_row(row) for row in decision.rows])
@@ -195,6 +229,8 @@ class Engine:
             tokens=tokens,
             finished=[request.request_id for request in finished],
             evicted=[request.request_id for request in decision.preempted],
+            swapped_out=[request.request_id for request in decision.swapped_out],
+            swapped_in=[request.request_id for request in decision.swapped_in],
             admitted=[row.request.request_id for row in rows if row.is_prefill],
             resumed=[row.request.request_id for row in rows if row.recomputed],
             row_positions={row.request.request_id: row.num_positions for row in rows},
@@ -208,6 +244,11 @@ class Engine:
             held_blocks=decision.held_blocks,
             needed_blocks=sum(blocks_for_length(row.end_position, self.block_size) for row in rows),
             kv_tokens=sum(row.end_position for row in rows),
+            blocks_swapped_out=len(decision.blocks_to_swap_out),
+            blocks_swapped_in=len(decision.blocks_to_swap_in),
+            bytes_per_block=self.cache.bytes_per_block,
+            num_swap_blocks=self.num_swap_blocks,
+            held_swap_blocks=decision.held_swap_blocks,
         )
 
     def check_integrity(self) -> None:

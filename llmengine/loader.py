@@ -1,17 +1,19 @@
 """Load a Hugging Face Llama checkpoint (safetensors, single file or sharded) into `Llama`.
 
-The model is built on the meta device (shapes, no memory), every tensor name and shape
-in the checkpoint is checked against it, and only then are the tensors read and
-assigned. A broken checkpoint therefore raises before anything is half-loaded.
+The model is built on the meta device (shapes, no memory, no initialisation), every tensor
+name and shape in the checkpoint is checked against it, and only then are the tensors read
+and assigned. A broken checkpoint therefore raises before anything is half-loaded.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from llmengine.config import DTYPES, LlamaConfig
 from llmengine.model import Llama
@@ -48,7 +50,7 @@ def load_model(
     folder = model_folder(path)
     config = LlamaConfig.from_file(folder / "config.json")
     target_dtype = resolve_dtype(dtype, config)
-    with torch.device("meta"):
+    with torch.device("meta"), SkipInitialisation():
         model = Llama(config)
     expected = {checkpoint_name(name): p.shape for name, p in model.named_parameters()}
     tensors = read_checked_tensors(folder, expected, ignore_lm_head=config.tie_word_embeddings)
@@ -59,6 +61,23 @@ def load_model(
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     return model.to(device).eval()
+
+
+class SkipInitialisation(TorchFunctionMode):
+    """Makes every `torch.nn.init` call a no-op while the meta skeleton is built.
+
+    Each parameter is replaced by the checkpoint's, so initialising the skeleton is wasted
+    work, and not free: `normal_` (nn.Embedding's initialiser) has no meta kernel, and its
+    Python fallback imports torch._dynamo, about 2 s of a 2-core machine's start-up.
+    """
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == torch.nn.init.__name__:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, config: LlamaConfig) -> torch.dtype:

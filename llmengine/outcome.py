@@ -30,12 +30,22 @@ class IterationOutcome:
     `held_blocks` of `num_blocks` are booked by some request, `needed_blocks` are what the K/V
     actually written (`kv_tokens` positions) fills, so held - needed is reservation waste and
     needed * block_size - kv_tokens is the unfilled tail of last blocks (fragmentation).
+
+    Preemption: `evicted` names every victim of the step, `swapped_out` those of them whose
+    K/V went to the host swap space (the others were preempted by recompute and will come back
+    as `resumed` prefills), `swapped_in` the swapped requests that came back, each as a decode
+    row of one position with nothing recomputed. `blocks_swapped_out` and `blocks_swapped_in`
+    count the blocks copied each way before the forward, each `bytes_per_block` bytes;
+    `held_swap_blocks` of `num_swap_blocks` host blocks were booked once the step was
+    decided.
     """
 
     iteration: int
     tokens: dict[int, int] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    swapped_out: list[int] = field(default_factory=list)
+    swapped_in: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
     resumed: list[int] = field(default_factory=list)
     row_positions: dict[int, int] = field(default_factory=dict)
@@ -50,3 +60,8 @@ class IterationOutcome:
     held_blocks: int = 0
     needed_blocks: int = 0
     kv_tokens: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    bytes_per_block: int = 0
+    num_swap_blocks: int = 0
+    held_swap_blocks: int = 0

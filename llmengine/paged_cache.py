@@ -35,6 +35,10 @@ class PagedKVCache:
 
     Zeros, not `torch.empty`: a masked-out entry still enters attention as `0 * value`, and
     uninitialised memory could hold NaN, which survives that multiplication.
+
+    `swap_blocks` host blocks of the same shape (on the CPU, in pinned memory when the cache
+    lives on CUDA, so copies to and from it can use DMA) hold the K/V of swapped-out requests;
+    `swap_out` and `swap_in` move whole blocks between the two, by block id.
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        swap_blocks: int = 0,
     ) -> None:
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.keys = [
@@ -52,10 +57,41 @@ class PagedKVCache:
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.num_blocks = num_blocks
         self.block_size = block_size
+        host_shape = (swap_blocks, *shape[1:])
+        pin = self.device.type == "cuda"
+        self.host_keys = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in self.keys]
+        self.host_values = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in self.keys]
+        self.swap_blocks = swap_blocks
 
     @property
     def device(self) -> torch.device:
         return self.keys[0].device
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block holds across every layer, keys and values: what a swap moves."""
+        per_layer = self.keys[0][0].numel() * self.keys[0].element_size()
+        return 2 * len(self.keys) * per_layer
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy device blocks to host blocks, `(device id, host id)` pairs: one copy per tensor."""
+        if not pairs:
+            return
+        source = torch.tensor([device_id for device_id, _ in pairs], device=self.device)
+        target = torch.tensor([host_id for _, host_id in pairs])
+        for stored, host in ((self.keys, self.host_keys), (self.values, self.host_values)):
+            for layer, host_layer in zip(stored, host, strict=True):
+                host_layer.index_copy_(0, target, layer.index_select(0, source).cpu())
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy host blocks to device blocks, `(host id, device id)` pairs: one copy per tensor."""
+        if not pairs:
+            return
+        source = torch.tensor([host_id for host_id, _ in pairs])
+        target = torch.tensor([device_id for _, device_id in pairs], device=self.device)
+        for stored, host in ((self.keys, self.host_keys), (self.values, self.host_values)):
+            for layer, host_layer in zip(stored, host, strict=True):
+                layer.index_copy_(0, target, host_layer.index_select(0, source).to(self.device))
 
     def write(
         self, layer_index: int, flat_indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor

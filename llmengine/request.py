@@ -17,19 +17,24 @@ from llmengine.params import SamplingParams, finish_reason
 class RequestState(Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"
     FINISHED = "finished"
     ABORTED = "aborted"
 
 
 # state -> {next state: the event that makes the move}. RUNNING -> WAITING is preemption by
 # recompute: the request gives back its blocks and slot, keeps its tokens, and waits again.
+# RUNNING -> SWAPPED is preemption by swap: its K/V is copied to host memory and its slot given
+# back; SWAPPED -> RUNNING copies the K/V back and it decodes on from where it stopped.
 TRANSITIONS: dict[RequestState, dict[RequestState, str]] = {
     RequestState.WAITING: {RequestState.RUNNING: "admit", RequestState.ABORTED: "abort"},
     RequestState.RUNNING: {
         RequestState.FINISHED: "finish",
         RequestState.WAITING: "preempt",
+        RequestState.SWAPPED: "swap out",
         RequestState.ABORTED: "abort",
     },
+    RequestState.SWAPPED: {RequestState.RUNNING: "swap in", RequestState.ABORTED: "abort"},
     RequestState.FINISHED: {},
     RequestState.ABORTED: {},
 }
@@ -48,7 +53,9 @@ class Request:
     token, so no step has to join prompt and output. `prompt_token_ids` is the prompt as given.
     `arrival` is its seniority (lower is older): the scheduler grows the oldest first and
     preempts the youngest. `block_table` is the one record of the blocks it holds; the
-    scheduler extends it and the cache reads it, so the two can never disagree.
+    scheduler extends it and the cache reads it, so the two can never disagree. While the
+    request is `SWAPPED` its table names blocks of the host swap space, not of the device pool.
+    `num_preemptions` counts every eviction, by recompute or by swap; `num_swaps` the swaps.
     """
 
     request_id: int
@@ -61,6 +68,7 @@ class Request:
     block_table: BlockTable = field(init=False)
     slot: int | None = None
     num_preemptions: int = 0
+    num_swaps: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -4,11 +4,13 @@ It works on integers only (block ids, slot numbers, token counts) and returns a 
 decision, `SchedulerOutput`; the engine runs the forward and hands the sampled tokens back
 through `update`. That split is what lets every policy below be tested without a model.
 
-`schedule()` is grow, then admit:
+`schedule()` is grow, swap in, then admit:
 - grow: running requests, oldest first, get the block their next position needs; when the
-  pool is dry the youngest running request is preempted by recompute;
-- admit: waiting requests in arrival order, while a slot is free and the pool holds what
-  `blocks_needed_for` asks. The head of the queue blocks everyone behind it.
+  pool is dry the youngest running request is preempted;
+- swap in: swapped requests come back in the order they left, while a slot is free and the
+  pool holds their blocks with the watermark kept free (the admission rule);
+- admit: waiting requests in arrival order, under the same rule, once nobody is left in swap.
+  The head of either queue blocks everyone behind it.
 
 `update()` records the sampled tokens and releases at once every request that got its last
 one: its blocks and slot are free before the step that produced that token returns.
@@ -17,10 +19,18 @@ Two policies share that loop. "reserve" (lesson 12) books prompt plus the whole 
 admission, so growth never needs a block and nothing is ever preempted. "incremental"
 (lesson 13) books only what the tokens so far need and buys a block when a sequence crosses
 a block boundary, which is why it must be able to preempt.
+
+Two preemption modes share the victim rule. "recompute" (lesson 13) gives the victim's blocks
+back and recomputes its K/V in a prefill when it resumes. "swap" (lesson 18) moves its K/V to
+a host swap space of `swap_blocks` blocks, a second `BlockPool`, and back when it resumes, so
+it recomputes nothing; a victim the swap space cannot hold is preempted by recompute instead.
+The scheduler only says which block goes where (`blocks_to_swap_out`, `blocks_to_swap_in`);
+the engine does the copying.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +39,7 @@ from llmengine.blocks import BlockPool, blocks_for_length
 from llmengine.request import Request, RequestState
 
 POLICIES = ("incremental", "reserve")
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass(slots=True)
@@ -56,17 +67,38 @@ class ScheduledRow:
 class SchedulerOutput:
     """The decision for one iteration: rows to compute, and who was evicted to make room.
 
+    `preempted` lists every victim of the step in the order they were picked; `swapped_out`
+    the ones whose K/V went to the swap space (the rest were preempted by recompute), and
+    `swapped_in` the swapped requests that came back, each as a decode row. The block moves
+    are (from, to) pairs: `blocks_to_swap_out` device block -> host block, `blocks_to_swap_in`
+    host block -> device block. The engine must copy every swap-out, then every swap-in, then
+    run the forward: a device block a victim gave up may already belong to a row or to a
+    swapped-in request in this same decision. (Host blocks freed by a swap-in are never handed
+    to a swap-out of the same decision: growth, which evicts, runs before swap-in.)
+
     `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
     the forward runs on, before `update` takes back what finished requests held.
+    `held_swap_blocks` counts the swap space's booked blocks at the same moment.
     """
 
     rows: list[ScheduledRow] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     held_blocks: int = 0
+    held_swap_blocks: int = 0
 
 
 class Scheduler:
-    """Requests, a block pool and a fixed number of slots, under one admission policy."""
+    """Requests, a block pool and a fixed number of slots, under one admission policy.
+
+    `preemption` is what an eviction does ("recompute" or "swap"); `swap_blocks` sizes the
+    host swap space and must be 0 under "recompute", which never uses one. "swap" with no
+    swap blocks is allowed and behaves exactly as "recompute" (every victim finds the swap
+    space full), so a sweep over swap sizes may start at 0.
+    """
 
     def __init__(
         self,
@@ -75,9 +107,21 @@ class Scheduler:
         num_slots: int,
         policy: str = "incremental",
         watermark: int = 0,
+        *,
+        preemption: str = "recompute",
+        swap_blocks: int = 0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+        if not isinstance(swap_blocks, int) or isinstance(swap_blocks, bool) or swap_blocks < 0:
+            raise ValueError(f"swap_blocks must be a whole number >= 0, got {swap_blocks!r}")
+        if preemption == "recompute" and swap_blocks:
+            raise ValueError(
+                f"swap_blocks={swap_blocks} needs preemption='swap': preemption by recompute "
+                "never uses a swap space"
+            )
         if num_slots < 1:
             raise ValueError(f"num_slots must be at least 1, got {num_slots}")
         if block_size < 1:
@@ -85,17 +129,30 @@ class Scheduler:
         if not 0 <= watermark < num_blocks:
             raise ValueError(f"watermark must be in [0, {num_blocks}), got {watermark}")
         self.pool = BlockPool(num_blocks)
+        # Host block ids: integers like the device pool's, naming rows of the engine's host
+        # swap tensors. None when there is no swap space at all.
+        self.swap_pool = BlockPool(swap_blocks) if swap_blocks else None
         self.block_size = block_size
         self.num_slots = num_slots
         self.policy = policy
+        self.preemption = preemption
         self.watermark = watermark
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
         self.free_slots: deque[int] = deque(range(num_slots))
-        # Called whenever a request gives back its blocks and slot (finish, abort, preempt),
-        # at that moment, so the engine can reset what it keeps per slot before the slot is
+        # Called whenever a request gives back its slot (finish, abort, preempt, swap out), at
+        # that moment, so the engine can reset what it keeps per slot before the slot is
         # handed to someone else inside the same schedule() call.
         self.on_release: Callable[[Request], None] | None = None
+
+    @property
+    def num_swap_blocks(self) -> int:
+        return self.swap_pool.num_blocks if self.swap_pool else 0
+
+    @property
+    def num_free_swap_blocks(self) -> int:
+        return self.swap_pool.num_free if self.swap_pool else 0
 
     # -- the one allocation rule -------------------------------------------------------
 
@@ -106,13 +163,16 @@ class Scheduler:
         return request.num_tokens
 
     def blocks_needed_for(self, request: Request) -> int:
-        """Blocks a request must still acquire before its next forward.
+        """Device blocks a request must still acquire before its next forward.
 
         The same rule for every state: a fresh request needs its prompt's blocks, a running one
         0 or 1 (1 when it crosses a block boundary), a preempted one its prompt plus everything
-        it generated, since its K/V went back with its blocks.
+        it generated, since its K/V went back with its blocks. A swapped one needs as many as a
+        preempted one: its table names host blocks, so it holds none on the device.
         """
         needed = blocks_for_length(self.target_tokens(request), self.block_size)
+        if request.state is RequestState.SWAPPED:
+            return needed
         return max(0, needed - len(request.block_table.block_ids))
 
     # -- requests in and out -----------------------------------------------------------
@@ -137,24 +197,30 @@ class Scheduler:
         self.waiting.append(request)
 
     def abort(self, request: Request) -> None:
-        """Abort a waiting, preempted or running request; its blocks and slot go back now."""
+        """Abort a waiting, preempted, swapped or running request; what it holds goes back now."""
         if request.state == RequestState.WAITING:
             self.waiting.remove(request)
         elif request.state == RequestState.RUNNING:
             self.running.remove(request)
             self._release(request)
+        elif request.state == RequestState.SWAPPED:
+            self.swapped.remove(request)
+            self.swap_pool.free(request.block_table.release())
         request.move_to(RequestState.ABORTED)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     # -- one iteration -----------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._grow(out)
-        self._admit(out)
+        self._swap_in(out)
+        if not self.swapped:
+            self._admit(out)
         out.held_blocks = self.pool.num_held
+        out.held_swap_blocks = self.swap_pool.num_held if self.swap_pool else 0
         return out
 
     def _grow(self, out: SchedulerOutput) -> None:
@@ -166,8 +232,7 @@ class Scheduler:
                 # Only requests not yet granted this step's block are candidates: evicting one
                 # that already has its row would take back a block promised to the forward.
                 victim = self.select_victim(self.running[index:])
-                self._preempt(victim)
-                out.preempted.append(victim)
+                self._evict(victim, out)
                 if victim is request:
                     break
             if request.state is not RequestState.RUNNING:
@@ -176,18 +241,60 @@ class Scheduler:
             out.rows.append(self._decode_row(request))
             index += 1
 
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        """Bring swapped requests back, first out first in, each as a decode row.
+
+        Its K/V comes back whole, so it decodes the token it sampled before it left, exactly
+        the row it would have had; the one extra block a boundary may need is simply fresh.
+        """
+        while self.swapped and self.free_slots:
+            request = self.swapped[0]
+            needed = self.blocks_needed_for(request)
+            if self.pool.num_free - needed < self.free_blocks_to_keep():
+                break
+            self.swapped.popleft()
+            kept = len(request.block_table.block_ids)
+            device_ids = self.pool.allocate(needed)
+            host_ids = request.block_table.relocate(device_ids[:kept])
+            request.block_table.extend(device_ids[kept:])
+            self.swap_pool.free(host_ids)
+            out.blocks_to_swap_in.extend(zip(host_ids, device_ids[:kept], strict=True))
+            request.move_to(RequestState.RUNNING)
+            request.slot = self.free_slots.popleft()
+            self._seat(request)
+            out.swapped_in.append(request)
+            out.rows.append(self._decode_row(request))
+
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             needed = self.blocks_needed_for(request)
-            if self.pool.num_free - needed < self.watermark:
+            if self.pool.num_free - needed < self.free_blocks_to_keep():
                 break
             self.waiting.popleft()
             request.move_to(RequestState.RUNNING)
             request.slot = self.free_slots.popleft()
             request.block_table.extend(self.pool.allocate(needed))
-            self.running.append(request)
+            self._seat(request)
             out.rows.append(self.prefill_row(request))
+
+    def free_blocks_to_keep(self) -> int:
+        """Free blocks an admission or a swap-in must leave in the pool: the watermark.
+
+        Growth may spend them; only newcomers are refused. (Lesson 17 replaces this rule with
+        a one-step lookahead reserve and measures both.)
+        """
+        return self.watermark
+
+    def _seat(self, request: Request) -> None:
+        """Put `request` among the running ones by seniority, which growth relies on.
+
+        Under recompute alone everyone waiting is younger than everyone running, so this is
+        an append. Not so with swap: swapped requests come back first out first in, so an
+        older victim returns after a younger one, and a request preempted by recompute can be
+        admitted after a younger one came back from swap.
+        """
+        insort(self.running, request, key=lambda running: running.arrival)
 
     def select_victim(self, candidates: list[Request]) -> Request:
         """Whom to preempt when growth finds the pool dry: the youngest candidate.
@@ -224,22 +331,51 @@ class Scheduler:
             recomputed=0,
         )
 
-    def _preempt(self, request: Request) -> None:
-        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+    def _evict(self, victim: Request, out: SchedulerOutput) -> None:
+        """Preempt `victim` by swap when the swap space holds its blocks, else by recompute."""
         if self.policy == "reserve":
             raise AssertionError("the reserve policy never runs short, so never preempts")
+        out.preempted.append(victim)
+        swap = self.swap_pool
+        if swap is not None and swap.can_allocate(len(victim.block_table.block_ids)):
+            out.blocks_to_swap_out.extend(self._swap_out(victim))
+            out.swapped_out.append(victim)
+        else:
+            self._preempt(victim)
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
         self.running.remove(request)
         self._release(request)
         request.move_to(RequestState.WAITING)
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
+    def _swap_out(self, request: Request) -> list[tuple[int, int]]:
+        """Preemption by swap: K/V to host blocks, slot back, tokens kept, tail of the swap queue.
+
+        Returns the (device block, host block) pairs the engine must copy before the forward.
+        """
+        self.running.remove(request)
+        host_ids = self.swap_pool.allocate(len(request.block_table.block_ids))
+        device_ids = request.block_table.relocate(host_ids)
+        self._release_slot(request)
+        self.pool.free(device_ids)
+        request.move_to(RequestState.SWAPPED)
+        request.num_preemptions += 1
+        request.num_swaps += 1
+        self.swapped.append(request)
+        return list(zip(device_ids, host_ids, strict=True))
+
     def _release(self, request: Request) -> None:
+        self._release_slot(request)
+        self.pool.free(request.block_table.release())
+
+    def _release_slot(self, request: Request) -> None:
         # The hook runs while the request still names its slot, so the engine knows which
         # row to reset before the slot can be handed to anyone else.
         if self.on_release is not None:
             self.on_release(request)
-        self.pool.free(request.block_table.release())
         self.free_slots.append(request.slot)
         request.slot = None
 
@@ -250,8 +386,9 @@ class Scheduler:
     ) -> list[Request]:
         """Record each row's sampled token; release and return the requests it finished.
 
-        Rows follow the running list's order, so finished requests give their blocks back in
-        the order the pool would have seen had they waited for the next `schedule()`.
+        Rows come in the order `schedule()` made them (running requests oldest first, then
+        the swapped-in, then the admitted), and finished requests give their blocks back in
+        that order.
         """
         finished = []
         for row in out.rows:
@@ -269,7 +406,7 @@ class Scheduler:
     # -- integrity ---------------------------------------------------------------------
 
     def check_integrity(self) -> None:
-        """Free plus held equals the pool, no block held twice, every slot accounted for.
+        """Free plus held equals each pool, no block held twice, every slot accounted for.
 
         Cheap enough to call after every step, which is what the tests do.
         """
@@ -288,3 +425,26 @@ class Scheduler:
         arrivals = [r.arrival for r in self.running]
         if arrivals != sorted(arrivals):
             raise AssertionError("running requests are not in seniority order")
+        self._check_swap_integrity()
+
+    def _check_swap_integrity(self) -> None:
+        """The swap space's own pool check, and each swapped request's K/V whole in it."""
+        if self.swap_pool is not None:
+            self.swap_pool.check_integrity()
+        held = [b for r in self.swapped for b in r.block_table.block_ids]
+        if len(held) != len(set(held)):
+            raise AssertionError("a swap block is held by two requests")
+        if set(held) != (self.swap_pool.held_ids if self.swap_pool else frozenset()):
+            raise AssertionError("the swapped requests' block tables and the swap space disagree")
+        for request in self.swapped:
+            table = request.block_table
+            if request.state is not RequestState.SWAPPED or request.slot is not None:
+                raise AssertionError(f"request {request.request_id} in swap is not just swapped")
+            # Every position but the last sampled token has K/V, and it all went to swap.
+            if table.num_tokens != request.num_tokens - 1 or len(table.block_ids) != (
+                blocks_for_length(table.num_tokens, self.block_size)
+            ):
+                raise AssertionError(
+                    f"swapped request {request.request_id} holds {len(table.block_ids)} blocks "
+                    f"for {table.num_tokens} positions of {request.num_tokens} tokens"
+                )

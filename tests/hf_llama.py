@@ -87,3 +87,19 @@ def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> list[lis
         next_ids = model(ids)[:, -1].argmax(-1, keepdim=True)
         ids = torch.cat((ids, next_ids), dim=1)
     return ids[:, prompt.shape[1] :].tolist()
+
+
+def save_word_level_tokenizer(folder: Path, words: list[str], decoder: Any = None) -> None:
+    """A whitespace word-level tokenizer over `words` (id = index), saved by transformers the
+    way a checkpoint's is. `words` starts with `<unk>`, `<s>` and `</s>`, which become the
+    unknown, BOS and EOS tokens. With no `decoder` (a `tokenizers.decoders` object), decoding
+    joins tokens with spaces."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, "<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if decoder is not None:
+        backend.decoder = decoder
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(folder)

@@ -124,6 +124,52 @@ def test_percentiles() -> None:
     assert timing.latency_percentiles((0, 50, 100)) == {0: 3.0, 50: 4.0, 100: 5.0}
 
 
+def two_kinds_of_victim_run() -> list[IterationOutcome]:
+    """Three 3-token prompts, budget 3: r2 swapped out (2 blocks) in iteration 2, r1 evicted by
+    recompute in iteration 3; r2 swaps back in iteration 4, r1 resumes in iteration 5."""
+    common = {"bytes_per_block": 100, "num_swap_blocks": 4}
+    return [
+        step(tokens={0: 1, 1: 1, 2: 1}, admitted=[0, 1, 2], forward_tokens=9, **common),
+        step(
+            tokens={0: 2, 1: 2},
+            evicted=[2],
+            swapped_out=[2],
+            blocks_swapped_out=2,
+            forward_tokens=2,
+            held_swap_blocks=2,
+            **common,
+        ),
+        step(tokens={0: 3}, evicted=[1], finished=[0], held_swap_blocks=2, **common),
+        step(tokens={2: 2}, swapped_in=[2], blocks_swapped_in=2, **common),
+        step(
+            tokens={1: 3, 2: 3},
+            admitted=[1],
+            resumed=[1],
+            finished=[1, 2],
+            forward_tokens=6,
+            recomputed_tokens=5,
+            **common,
+        ),
+    ]
+
+
+def test_swap_bill() -> None:
+    timing = ContinuousTiming.from_outcomes(two_kinds_of_victim_run())
+    assert timing.preempted_at == {2: [2], 1: [3]} and timing.preemptions == 2
+    assert timing.swapped_out_at == {2: [2]} and timing.swapped_in_at == {2: [4]}
+    assert (timing.swap_outs, timing.swap_ins, timing.recompute_preemptions) == (1, 1, 1)
+    assert timing.total_blocks_swapped_out == timing.total_blocks_swapped_in == 2
+    assert timing.bytes_swapped == 4 * 100 and timing.num_swap_blocks == 4
+    # The swapped victim recomputed nothing: its eviction does not dilute the recompute bill.
+    assert timing.tokens_per_eviction == 5.0
+
+
+def test_no_swap_space_means_no_swap_bill() -> None:
+    timing = ContinuousTiming.from_outcomes(one_victim_run())
+    assert (timing.swap_outs, timing.swap_ins, timing.bytes_swapped) == (0, 0, 0)
+    assert timing.recompute_preemptions == timing.preemptions == 1
+
+
 # -- ContinuousTiming: every guard value ----------------------------------------------------
 
 
@@ -392,6 +438,25 @@ def test_summary_table_and_csv_agree() -> None:
     rows = list(csv.DictReader(io.StringIO(format_csv(summaries))))
     assert [row["pool_blocks"] for row in rows] == ["8", "4"]
     assert rows[0]["latencies_iterations"] == "2 3" and rows[0]["tokens_per_eviction"] == ""
+
+
+def test_the_swap_columns_appear_only_with_a_swap_space() -> None:
+    outcomes = two_kinds_of_victim_run()
+    run = WorkloadRun(outcomes, [1.0, 2.0, 3.0, 4.0, 5.0], {}, [0, 1, 2], [[1, 2, 3]] * 3)
+    swap = sweep_summary([PoolResult(6, run, run.timing())])[0]
+    assert (swap["swap_blocks"], swap["swapped_out"], swap["swapped_in"]) == (4, 1, 1)
+    assert (swap["recompute_preemptions"], swap["preemptions"]) == (1, 2)
+    assert (swap["blocks_swapped_out"], swap["blocks_swapped_in"], swap["bytes_swapped"]) == (
+        2,
+        2,
+        400,
+    )
+    recompute = sweep_summary([pool_result(8, 2, 3)])
+    assert recompute[0]["swap_blocks"] == 0
+    plain_header = format_table(recompute).splitlines()[0]
+    swap_header = format_table([swap]).splitlines()[0]
+    assert "swapped" not in plain_header and "MiB moved" not in plain_header
+    assert swap_header.startswith(plain_header) and swap_header.split()[-2:] == ["MiB", "moved"]
 
 
 def one_victim_result() -> PoolResult:

@@ -87,6 +87,36 @@ def test_tight_pools_catch_victims_young(day34: dict[int, PoolResult]) -> None:
     assert day34[48].timing.tokens_per_eviction is None
 
 
+def test_day34_sweep_under_swap_recomputes_nothing_and_says_what_it_moved(
+    model: llmengine.Llama, day34: dict[int, PoolResult]
+) -> None:
+    workload = uniform_burst(
+        seeds.DAY34_REQUESTS,
+        seeds.DAY34_PROMPT,
+        seeds.DAY34_BUDGET,
+        vocab_size=model.config.vocab_size,
+        seed=34,
+    )
+    results = sweep_pool_sizes(
+        model,
+        workload,
+        seeds.DAY34_POOLS,
+        block_size=seeds.DAY34_BLOCK,
+        num_slots=seeds.DAY34_SLOTS,
+        preemption="swap",
+        swap_blocks=64,
+    )
+    once = seeds.DAY34_REQUESTS * (seeds.DAY34_PROMPT + seeds.DAY34_BUDGET - 1)
+    for result in results:
+        timing, recompute = result.timing, day34[result.pool_blocks]
+        assert result.outputs == recompute.outputs
+        assert timing.total_forward_tokens == once and timing.total_recomputed_tokens == 0
+        assert timing.swap_outs == timing.swap_ins == timing.preemptions
+        assert timing.total_blocks_swapped_in == timing.total_blocks_swapped_out
+        assert (timing.preemptions > 0) == (recompute.timing.preemptions > 0)
+    assert results[-1].timing.bytes_swapped > 0 and results[0].timing.bytes_swapped == 0
+
+
 def test_every_pool_generated_the_same_text(day34: dict[int, PoolResult]) -> None:
     outputs = [day34[pool].outputs for pool in seeds.DAY34_POOLS]
     assert all(output == outputs[0] for output in outputs)

@@ -68,6 +68,45 @@ def test_policy_reaches_the_engine(checkpoint: Path, capsys: pytest.CaptureFixtu
     assert json.loads(incremental)[0]["preemptions"] > 0
 
 
+def test_preemption_and_swap_blocks_reach_the_engine(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [*DAY33, "--block-size", "4", "--pools", "12,24,32", "--format", "json"]
+    _, recompute = bench(checkpoint, capsys, *common)
+    status, swap = bench(checkpoint, capsys, *common, "--preemption", "swap", "--swap-blocks", "64")
+    assert status == 0
+    recompute_pools, swap_pools = json.loads(recompute), json.loads(swap)
+    assert [pool["swap_blocks"] for pool in swap_pools] == [64, 64, 64]
+    assert [pool["recomputed_tokens"] for pool in swap_pools] == [0, 0, 0]
+    assert [pool["swapped_out"] for pool in swap_pools] == [p["preemptions"] for p in swap_pools]
+    assert swap_pools[0]["swapped_out"] > 0 and swap_pools[0]["bytes_swapped"] > 0
+    assert [pool["swapped_out"] for pool in recompute_pools] == [0, 0, 0]
+    assert swap_pools[0]["forward_tokens"] < recompute_pools[0]["forward_tokens"]
+    assert all(pool["same_text"] is True for pool in swap_pools)
+
+
+def test_the_table_under_swap_names_it_and_shows_the_swap_columns(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [*SMALL, "--block-size", "4", "--pools", "4,2"]
+    status, table = bench(checkpoint, capsys, *common, "--preemption", "swap", "--swap-blocks", "8")
+    assert status == 0
+    title, header, *rows, footer = table.splitlines()
+    assert "swap (8 host blocks)" in title
+    assert "swapped" in header.split() and header.endswith("MiB moved")
+    assert len({len(line) for line in (header, *rows)}) == 1
+    assert footer == "same text in every pool: yes"
+
+
+def test_swap_blocks_without_swap_is_an_error_not_a_traceback(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = [*SMALL, "--block-size", "4", "--pools", "8", "--swap-blocks", "4"]
+    status = main(["bench", "--model", str(checkpoint), *options])
+    assert status == 2
+    assert "needs preemption='swap'" in capsys.readouterr().err
+
+
 def test_table_and_csv(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = [*SMALL, "--block-size", "4", "--pools", "4,2"]
     status, table = bench(checkpoint, capsys, *common)
@@ -91,6 +130,9 @@ def test_table_and_csv(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> 
         (("--requests", "-1"), "--requests: must be at least 1"),
         (("--policy", "greedy"), "invalid choice: 'greedy'"),
         (("--format", "yaml"), "invalid choice: 'yaml'"),
+        (("--preemption", "lru"), "invalid choice: 'lru'"),
+        (("--swap-blocks", "-1"), "--swap-blocks: must be at least 0, got -1"),
+        (("--swap-blocks", "many"), "--swap-blocks: expected a whole number, got 'many'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(

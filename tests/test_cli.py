@@ -1,15 +1,20 @@
-"""The command line: `generate` output, and clear errors without tracebacks."""
+"""The command line: `generate` streams the engine's completion, and errors are one clear line."""
 
+import io
+import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hf_llama import save_random_llama
+from hf_llama import save_random_llama, save_word_level_tokenizer
+from tokenizers import decoders, pre_tokenizers
 
 import llmengine
-from llmengine.cli import build_parser, main
-from llmengine.generation import generate_text
+from llmengine.cli import EXIT_BROKEN_PIPE, build_parser, main
+from llmengine.detokenizer import REPLACEMENT_CHARACTER
+from llmengine.generation import generate_text, generate_tokens
 from llmengine.sampling import SamplingParams
 
 WORDS = ["<unk>", "<s>", "</s>", *(f"w{index}" for index in range(29))]
@@ -18,18 +23,13 @@ WORDS = ["<unk>", "<s>", "</s>", *(f"w{index}" for index in range(29))]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with a word-level tokenizer, saved like a Hugging Face checkpoint."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     folder = tmp_path_factory.mktemp("tiny-llama")
     save_random_llama(folder, vocab_size=len(WORDS), bos_token_id=1, eos_token_id=2)
-    backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, "<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.save_pretrained(folder)
+    save_word_level_tokenizer(folder, WORDS)
     return folder
+
+
+SUMMARY = re.compile(r"llmengine generate: (\d+) tokens in \d+\.\d\d s \(\d+ tokens/s\)\n")
 
 
 def test_generate_prints_the_completion(
@@ -38,7 +38,65 @@ def test_generate_prints_the_completion(
     argv = ["generate", "--model", str(checkpoint), "--prompt", "w3 w4", "--max-tokens", "5"]
     assert main(argv) == 0
     model, tokenizer = llmengine.load_model(checkpoint), llmengine.load_tokenizer(checkpoint)
-    expected = generate_text(model, tokenizer, "w3 w4", SamplingParams(max_tokens=5))
+    params = SamplingParams(max_tokens=5)
+    expected = generate_text(model, tokenizer, "w3 w4", params)
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"
+    summary = SUMMARY.fullmatch(captured.err)
+    assert summary is not None, captured.err
+    tokens = generate_tokens(model, tokenizer.encode("w3 w4"), params)
+    assert int(summary.group(1)) == len(tokens)
+
+
+class RecordingStdout(io.StringIO):
+    """A stdout that logs each write and each flush, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str | None] = []  # a written text, or None for a flush
+
+    def write(self, text: str) -> int:
+        self.events.append(text)
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.events.append(None)
+
+
+def test_generate_streams_the_text_as_it_is_generated(monkeypatch: pytest.MonkeyPatch) -> None:
+    stdout = RecordingStdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", "24", "--ignore-eos"]
+    assert main(argv) == 0
+    model, tokenizer = llmengine.load_model(), llmengine.load_tokenizer()
+    engine = llmengine.Engine(model, num_blocks=4, tokenizer=tokenizer)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    assert stdout.getvalue() == engine.generate_text(["ROMEO:"], params)[0] + "\n"
+    writes = [event for event in stdout.events if event is not None]
+    assert len(writes) > 10, "the text came in a few large writes, not as it was generated"
+    assert all(after is None for before, after in itertools.pairwise(stdout.events) if before)
+
+
+def test_generate_never_prints_half_a_character(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A random model over byte pieces (é and 😀 in two tokens each, the first alone not a
+    character) makes up characters out of several tokens: the printed text is still exactly
+    the completion decoded at once."""
+    bytes_as_text = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=False
+    ).pre_tokenize_str("é😀")[0][0]
+    pieces = [bytes_as_text[0], bytes_as_text[1], bytes_as_text[2:5], bytes_as_text[5]]
+    words = [*WORDS[:3], "a", *pieces]
+    save_random_llama(tmp_path, vocab_size=len(words), bos_token_id=1, eos_token_id=2)
+    save_word_level_tokenizer(tmp_path, words, decoders.ByteLevel())
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "a", "--max-tokens", "40"]
+    assert main([*argv, "--ignore-eos"]) == 0
+    model, tokenizer = llmengine.load_model(tmp_path), llmengine.load_tokenizer(tmp_path)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = generate_text(model, tokenizer, "a", params)
+    whole = [char for char in expected if not char.isascii() and char != REPLACEMENT_CHARACTER]
+    assert whole, "no character of this completion spans tokens: the test tests nothing"
     assert capsys.readouterr().out == expected + "\n"
 
 
@@ -94,13 +152,41 @@ def test_every_subcommand_is_listed_in_help() -> None:
     assert "generate" in build_parser().format_help()
 
 
-def test_python_dash_m_runs_the_command_line(checkpoint: Path) -> None:
+def test_generate_starts_without_transformers_or_dynamo() -> None:
+    """`python -m llmengine generate` on the embedded model, with its imports logged: neither
+    transformers (the tokenizer is read by `tokenizers`) nor torch._dynamo (which building
+    the model on the meta device used to pull in) is imported, about 4 s of start-up."""
+    command = [sys.executable, "-X", "importtime", "-m", "llmengine", "generate"]
+    run = subprocess.run([*command, "--prompt", "ROMEO:", "--max-tokens", "3"], capture_output=True)
+    assert run.returncode == 0 and run.stdout.strip()
+    lines = run.stderr.decode().splitlines()
+    imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+    assert "llmengine.tokenizer" in imported and "torch" in imported
+    heavy = sorted(name for name in imported if name.startswith(("transformers", "torch._dynamo")))
+    assert heavy == []
+    assert SUMMARY.fullmatch(lines[-1] + "\n")
+
+
+def test_errors_from_the_console_have_no_traceback(checkpoint: Path) -> None:
     command = [sys.executable, "-m", "llmengine", "generate", "--model", str(checkpoint)]
-    ok = subprocess.run([*command, "--prompt", "w5", "--max-tokens", "3"], capture_output=True)
-    assert ok.returncode == 0 and ok.stdout.strip()
     bad = subprocess.run([*command, "--prompt", "w5", "--seed", "-3"], capture_output=True)
     assert bad.returncode == 2
     assert b"seed must be" in bad.stderr and b"Traceback" not in bad.stderr
+
+
+class ClosedPipe(io.StringIO):
+    """The stdout of `llmengine generate ... | head -c 10` once head has exited."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_stops_generate_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["generate", "--prompt", "ROMEO:", "--max-tokens", "8"]) == EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
 
 
 def test_generate_uses_the_embedded_model_by_default(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_runs import prompts_for, run_checked
 from hf_llama import hf_greedy, save_random_llama
 
 import llmengine
@@ -27,27 +28,6 @@ def random_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, o
 @pytest.fixture(scope="module")
 def model(random_checkpoint: tuple[Path, object]) -> llmengine.Llama:
     return llmengine.load_model(random_checkpoint[0])
-
-
-def prompts_for(seed: int, count: int, vocab: int, low: int = 3, high: int = 13) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
-
-
-def run_checked(engine: Engine, prompts: list[list[int]], params: SamplingParams) -> tuple:
-    """generate(), but stepping by hand so the integrity check runs after every step."""
-    ids = [engine.add_request(prompt, params) for prompt in prompts]
-    evictions = 0
-    while engine.has_unfinished():
-        outcome = engine.step()
-        engine.check_integrity()
-        assert outcome.rows and outcome.tokens, "a step that ran no forward"
-        evictions += len(outcome.evicted)
-    # The step that finished the last request has already given everything back.
-    assert outcome.finished
-    assert engine.num_free_blocks == engine.num_blocks
-    assert engine.slot_owners == [None] * engine.num_slots
-    return [engine.request(i).output_token_ids for i in ids], evictions
 
 
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)

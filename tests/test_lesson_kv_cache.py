@@ -88,7 +88,7 @@ def test_05_forward_log_needs_the_block_to_end(model: Llama) -> None:
 # -- 06: the contiguous cache ---------------------------------------------------------------
 
 
-def test_06_used_slots_are_what_the_memory_holds(model: Llama) -> None:
+def test_06_filled_positions_are_what_the_memory_holds(model: Llama) -> None:
     prompts = [prompt(n, seed) for seed, n in enumerate((4, 17, 9))]
     budgets = [6, 2, 11]
     _, cache = generate_greedy_contiguous(model, prompts, budgets, max_seq_len=64)
@@ -187,14 +187,14 @@ def test_08_tail_waste_is_the_rounding_and_stays_under_the_bound(block_size: int
     tails = [(-length) % block_size for length in LESSON_08_LENGTHS]
     assert waste.tokens == sum(LESSON_08_LENGTHS)
     assert waste.blocks == sum(-(-length // block_size) for length in LESSON_08_LENGTHS)
-    assert waste.wasted_slots == sum(tails) == waste.slots - waste.tokens
+    assert waste.empty_positions == sum(tails) == waste.reserved_positions - waste.tokens
     assert waste.max_tail == max(tails) <= block_size - 1
-    assert waste.wasted_slots <= waste.bound == (block_size - 1) * len(LESSON_08_LENGTHS)
+    assert waste.empty_positions <= waste.bound == (block_size - 1) * len(LESSON_08_LENGTHS)
     assert waste.waste_fraction == pytest.approx(sum(tails) / (waste.blocks * block_size))
 
 
 def test_08_block_size_one_wastes_nothing_and_one_table_grows_like_the_scheduler() -> None:
-    assert measure_tail_waste([7, 1, 30], 1).wasted_slots == 0
+    assert measure_tail_waste([7, 1, 30], 1).empty_positions == 0
     table = BlockTable(4)
     with pytest.raises(ValueError, match="extend it first"):
         table.append()

@@ -105,9 +105,12 @@ def test_request_lifecycle_every_move_not_in_the_table_raises() -> None:
             except IllegalTransition:
                 continue
             legal.append((source, target))
-    assert len(legal) == 5 and len(RequestState) ** 2 - len(legal) == 11
+    # Five states (swapped is lesson 18's), eight legal moves, seventeen that raise.
+    assert len(legal) == 8 and len(RequestState) ** 2 - len(legal) == 17
     assert set(legal) == {(s, t) for s, moves in TRANSITIONS.items() for t in moves}
     assert TRANSITIONS[RequestState.RUNNING][RequestState.WAITING] == "preempt"
+    assert TRANSITIONS[RequestState.RUNNING][RequestState.SWAPPED] == "swap out"
+    assert TRANSITIONS[RequestState.SWAPPED][RequestState.RUNNING] == "swap in"
 
 
 def test_request_lifecycle_one_request_waits_for_the_slot(model: llmengine.Llama) -> None:

@@ -14,7 +14,7 @@ import seed_tables as seeds
 from llmengine.blocks import blocks_for_length
 from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import Scheduler
+from llmengine.scheduler import Scheduler, SchedulerOutput
 
 
 def make_request(request_id: int, prompt_len: int, max_tokens: int, block_size: int) -> Request:
@@ -60,6 +60,7 @@ def drive(scheduler: Scheduler, requests: list[Request]) -> Run:
             run.latency[request.request_id] = run.iterations
         scheduler.check_integrity()
     assert scheduler.pool.num_free == scheduler.pool.num_blocks
+    assert scheduler.num_free_swap_blocks == scheduler.num_swap_blocks
     assert len(scheduler.free_slots) == scheduler.num_slots
     return run
 
@@ -324,3 +325,223 @@ def test_day29_shape_needs_31_blocks_reserved_and_16_incremental() -> None:
     for policy, smallest in seeds.DAY29_SHAPE_SMALLEST_POOL.items():
         assert all_admitted_at_once(smallest, policy)
         assert not all_admitted_at_once(smallest - 1, policy)
+
+
+# -- preemption by swap -------------------------------------------------------------------
+
+
+def swap_scheduler(swap_blocks: int = 8, **kwargs: object) -> Scheduler:
+    """Six blocks of four, three slots: three 8-token prompts fill the pool at once."""
+    return Scheduler(
+        num_blocks=6,
+        block_size=4,
+        num_slots=3,
+        preemption="swap",
+        swap_blocks=swap_blocks,
+        **kwargs,
+    )
+
+
+def step(scheduler: Scheduler) -> SchedulerOutput:
+    """One schedule and one fake forward (token 7 for every row), integrity checked after each."""
+    out = scheduler.schedule()
+    scheduler.check_integrity()
+    scheduler.update(out, {row.request.request_id: 7 for row in out.rows})
+    scheduler.check_integrity()
+    return out
+
+
+def test_swap_out_moves_the_victims_blocks_to_host_blocks_and_keeps_its_kv() -> None:
+    scheduler = swap_scheduler()
+    requests = uniform_burst(3, 8, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    step(scheduler)
+    victim = requests[2]
+    device_ids = list(victim.block_table.block_ids)
+    out = scheduler.schedule()
+    # Each needs a third block with the pool dry: the youngest goes, to host memory this time.
+    assert out.preempted == [victim] and out.swapped_out == [victim]
+    assert victim.state == RequestState.SWAPPED and list(scheduler.swapped) == [victim]
+    assert out.blocks_to_swap_out == list(
+        zip(device_ids, victim.block_table.block_ids, strict=True)
+    )
+    # Its table now names host blocks and still covers every position it had computed.
+    assert victim.block_table.num_tokens == 8 and victim.slot is None
+    assert set(victim.block_table.block_ids) == scheduler.swap_pool.held_ids
+    assert scheduler.num_free_swap_blocks == 6
+    assert scheduler.blocks_needed_for(victim) == blocks_for_length(victim.num_tokens, 4)
+    assert (victim.num_preemptions, victim.num_swaps) == (1, 1)
+    assert not scheduler.waiting
+    scheduler.check_integrity()
+
+
+def test_a_swapped_request_comes_back_as_a_decode_row_over_its_own_blocks() -> None:
+    scheduler = swap_scheduler()
+    requests = uniform_burst(3, 8, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    step(scheduler)
+    out = step(scheduler)
+    host_ids = [host for _, host in out.blocks_to_swap_out]
+    while not out.swapped_in:
+        out = step(scheduler)
+    request = requests[2]
+    assert out.swapped_in == [request] and not out.preempted
+    (row,) = [row for row in out.rows if row.request is request]
+    # The token it sampled before leaving is decoded now: one position, nothing recomputed.
+    assert not row.is_prefill and row.num_positions == 1 and row.recomputed == 0
+    assert row.start_position == 8
+    kept = request.block_table.block_ids[: len(host_ids)]
+    assert out.blocks_to_swap_in == list(zip(host_ids, kept, strict=True))
+    assert len(request.block_table.block_ids) == blocks_for_length(row.end_position, 4)
+
+
+def test_swapped_requests_return_in_the_order_they_left_and_before_anyone_waiting() -> None:
+    scheduler = swap_scheduler()
+    burst = uniform_burst(3, 8, 8, 4)
+    late = make_request(3, 4, 4, 4)
+    for request in [*burst, late]:
+        scheduler.add(request)
+    left, returned, admitted = [], [], {}
+    iteration = 0
+    while scheduler.has_unfinished():
+        out = step(scheduler)
+        iteration += 1
+        left += [request.request_id for request in out.swapped_out]
+        returned += [request.request_id for request in out.swapped_in]
+        for row in out.rows:
+            if row.is_prefill:
+                admitted[row.request.request_id] = iteration
+                # Nobody is admitted while someone who left before is still in swap.
+                assert returned == left
+    assert left == [2, 1] and returned == left
+    # The late request could have had a block and a slot long before: it waited for r1.
+    assert admitted[late.request_id] > admitted[0] + 2
+
+
+def test_a_full_swap_space_preempts_by_recompute() -> None:
+    scheduler = swap_scheduler(swap_blocks=2)
+    requests = uniform_burst(3, 8, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    kinds = {}
+    resumed_rows = []
+    while scheduler.has_unfinished():
+        out = step(scheduler)
+        swapped = {request.request_id for request in out.swapped_out}
+        for victim in out.preempted:
+            kinds[victim.request_id] = "swap" if victim.request_id in swapped else "recompute"
+        resumed_rows += [row for row in out.rows if row.recomputed]
+    # r2's two blocks fill the swap space; r1, evicted next with three, falls back.
+    assert kinds == {2: "swap", 1: "recompute"}
+    assert (requests[1].num_preemptions, requests[1].num_swaps) == (1, 0)
+    assert [(row.request, row.recomputed) for row in resumed_rows] == [(requests[1], 13)]
+
+
+def test_swap_with_no_swap_blocks_is_preemption_by_recompute() -> None:
+    def run(preemption: str) -> Run:
+        scheduler = Scheduler(
+            num_blocks=12,
+            block_size=seeds.DAY34_BLOCK,
+            num_slots=seeds.DAY34_SLOTS,
+            preemption=preemption,
+        )
+        burst = uniform_burst(
+            seeds.DAY34_REQUESTS, seeds.DAY34_PROMPT, seeds.DAY34_BUDGET, seeds.DAY34_BLOCK
+        )
+        return drive(scheduler, burst)
+
+    recompute = run("recompute")
+    assert recompute.preemptions > 0
+    assert run("swap") == recompute
+
+
+def test_day34_at_12_blocks_under_swap_recomputes_nothing() -> None:
+    scheduler = Scheduler(
+        num_blocks=12,
+        block_size=seeds.DAY34_BLOCK,
+        num_slots=seeds.DAY34_SLOTS,
+        preemption="swap",
+        swap_blocks=64,
+    )
+    burst = uniform_burst(
+        seeds.DAY34_REQUESTS, seeds.DAY34_PROMPT, seeds.DAY34_BUDGET, seeds.DAY34_BLOCK
+    )
+    run = drive(scheduler, burst)
+    assert run.preemptions > 0 and run.recomputed == 0
+    # Every prompt once, every later token once: nothing is computed twice.
+    once = seeds.DAY34_REQUESTS * (seeds.DAY34_PROMPT + seeds.DAY34_BUDGET - 1)
+    assert run.forward_tokens == once < seeds.DAY34_FORWARD_POSITIONS[12]
+    assert run.tokens == seeds.DAY34_REQUESTS * seeds.DAY34_BUDGET
+
+
+@pytest.mark.parametrize(("watermark", "budget"), [(1, 16), (2, 10)])
+def test_swap_in_keeps_the_watermark_free(watermark: int, budget: int) -> None:
+    # Shapes where a swap-in that ignored the watermark would eat into it.
+    scheduler = Scheduler(
+        num_blocks=6,
+        block_size=4,
+        num_slots=4,
+        watermark=watermark,
+        preemption="swap",
+        swap_blocks=32,
+    )
+    for request in uniform_burst(4, 3, budget, 4):
+        scheduler.add(request)
+    swap_ins = 0
+    while scheduler.has_unfinished():
+        out = scheduler.schedule()
+        if out.swapped_in:
+            # The admission rule: what a swap-in takes leaves the watermark free.
+            assert scheduler.pool.num_free >= watermark
+            swap_ins += len(out.swapped_in)
+        scheduler.update(out, {row.request.request_id: 7 for row in out.rows})
+        scheduler.check_integrity()
+    assert swap_ins > 0
+
+
+def test_abort_of_a_swapped_request_frees_its_host_blocks() -> None:
+    scheduler = swap_scheduler()
+    requests = uniform_burst(3, 8, 8, 4)
+    for request in requests:
+        scheduler.add(request)
+    step(scheduler)
+    step(scheduler)
+    victim = requests[2]
+    assert victim.state == RequestState.SWAPPED
+    scheduler.abort(victim)
+    assert victim.state == RequestState.ABORTED and not scheduler.swapped
+    assert scheduler.num_free_swap_blocks == 8 and not victim.block_table.block_ids
+    scheduler.check_integrity()
+    while scheduler.has_unfinished():
+        step(scheduler)
+    assert [len(r.output_token_ids) for r in requests[:2]] == [8, 8]
+    assert scheduler.pool.num_free == 6
+
+
+def test_reserve_never_swaps() -> None:
+    scheduler = Scheduler(
+        num_blocks=12, block_size=4, num_slots=4, policy="reserve", preemption="swap", swap_blocks=8
+    )
+    run = drive(scheduler, uniform_burst(4, 5, 24, 4))
+    reserve = drive(
+        Scheduler(num_blocks=12, block_size=4, num_slots=4, policy="reserve"),
+        uniform_burst(4, 5, 24, 4),
+    )
+    assert run == reserve and run.preemptions == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"preemption": "lru"}, r"preemption must be one of \('recompute', 'swap'\), got 'lru'"),
+        ({"preemption": "swap", "swap_blocks": -1}, "swap_blocks must be a whole number >= 0"),
+        ({"preemption": "swap", "swap_blocks": 2.5}, "swap_blocks must be a whole number >= 0"),
+        ({"preemption": "swap", "swap_blocks": True}, "swap_blocks must be a whole number >= 0"),
+        ({"swap_blocks": 4}, "swap_blocks=4 needs preemption='swap'"),
+    ],
+)
+def test_bad_preemption_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Scheduler(num_blocks=8, block_size=4, num_slots=2, **kwargs)

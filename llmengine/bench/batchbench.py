@@ -124,13 +124,17 @@ def sweep_pool_sizes(
     block_size: int,
     num_slots: int,
     policy: str = "incremental",
+    preemption: str = "recompute",
+    swap_blocks: int = 0,
     clock: Clock | None = None,
     progress: bool = False,
 ) -> list[PoolResult]:
     """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
 
-    Raises `DivergentOutputError` when any pool's tokens differ from the first pool's, and
-    ValueError (naming the pool) when a pool cannot take the workload at all.
+    Every engine gets the same `policy`, `preemption` mode and host swap space of
+    `swap_blocks` blocks (see `Engine`). Raises `DivergentOutputError` when any pool's tokens
+    differ from the first pool's, and ValueError (naming the pool) when a pool cannot take
+    the workload at all.
     """
     from tqdm.auto import tqdm
 
@@ -144,6 +148,8 @@ def sweep_pool_sizes(
             block_size=block_size,
             num_slots=num_slots,
             policy=policy,
+            preemption=preemption,
+            swap_blocks=swap_blocks,
         )
         try:
             run = run_workload(engine, workload, clock=clock)

@@ -35,6 +35,13 @@ def pool_summary(result: PoolResult, *, same_text: bool) -> dict[str, Any]:
         "reservation_waste": timing.reservation_waste,
         "fragmentation_waste": timing.fragmentation_waste,
         "same_text": same_text,
+        "swap_blocks": timing.num_swap_blocks,
+        "swapped_out": timing.swap_outs,
+        "swapped_in": timing.swap_ins,
+        "recompute_preemptions": timing.recompute_preemptions,
+        "blocks_swapped_out": timing.total_blocks_swapped_out,
+        "blocks_swapped_in": timing.total_blocks_swapped_in,
+        "bytes_swapped": timing.bytes_swapped,
     }
 
 
@@ -68,12 +75,28 @@ TABLE_COLUMNS: list[tuple[str, str, Any]] = [
     ("max lat", "latencies_iterations", lambda v: str(max(v))),
 ]
 
+# Shown after TABLE_COLUMNS only when a pool had a swap space, so a sweep under recompute
+# prints the table it always printed.
+SWAP_COLUMNS: list[tuple[str, str, Any]] = [
+    ("swapped", "swapped_out", str),
+    ("by recompute", "recompute_preemptions", str),
+    ("blocks out", "blocks_swapped_out", str),
+    ("blocks in", "blocks_swapped_in", str),
+    ("MiB moved", "bytes_swapped", lambda v: f"{v / 2**20:.2f}"),
+]
+
 
 def format_table(summaries: Sequence[dict[str, Any]]) -> str:
-    """The sweep as an aligned text table, one row per pool, numbers right-aligned."""
-    cells = [[header for header, _, _ in TABLE_COLUMNS]]
-    cells += [[show(summary[key]) for _, key, show in TABLE_COLUMNS] for summary in summaries]
-    widths = [max(len(row[column]) for row in cells) for column in range(len(TABLE_COLUMNS))]
+    """The sweep as an aligned text table, one row per pool, numbers right-aligned.
+
+    The swap columns follow when any pool had a swap space.
+    """
+    columns = TABLE_COLUMNS
+    if any(summary.get("swap_blocks") for summary in summaries):
+        columns = TABLE_COLUMNS + SWAP_COLUMNS
+    cells = [[header for header, _, _ in columns]]
+    cells += [[show(summary[key]) for _, key, show in columns] for summary in summaries]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(columns))]
     lines = [
         "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
         for row in cells

@@ -362,9 +362,9 @@ FORWARD_PHASE = "model forward"
 class StepProfile:
     """Seconds per phase of `Engine.step`, summed over `steps` steps.
 
-    - schedule: `Scheduler.schedule` (grow, admit);
+    - schedule: `Scheduler.schedule` (grow, swap in, admit);
     - index building: the rows' block tables and flat-index/position/mask tensors, built once
-      per step before the forward;
+      per step before the forward (and, under preemption by swap, the block copies before it);
     - model forward: `forward_hidden` and `compute_logits` (the per-layer cache writes and
       gathers happen inside it, and count here);
     - sampling: logits to one token per row;

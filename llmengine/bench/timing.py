@@ -62,6 +62,11 @@ class ContinuousTiming:
     overstates what being preempted cost by whatever late admission already cost. The clean
     comparison is the same request across two pools (`sweep_pool_sizes` keeps per-request
     results for exactly that).
+
+    Under preemption by swap, `preempted_at` still records every eviction; `swapped_out_at`
+    and `swapped_in_at` record the ones that went to host memory and their returns, and
+    `blocks_swapped_out` / `blocks_swapped_in` the blocks copied per forward, each of
+    `bytes_per_block` bytes.
     """
 
     num_slots: int
@@ -82,6 +87,12 @@ class ContinuousTiming:
     time_to_first_token_s: dict[int, float] = field(default_factory=dict)
     time_per_output_token_s: dict[int, float] = field(default_factory=dict)
     padded_tokens: list[int] = field(default_factory=list)
+    swapped_out_at: dict[int, list[int]] = field(default_factory=dict)
+    swapped_in_at: dict[int, list[int]] = field(default_factory=dict)
+    blocks_swapped_out: list[int] = field(default_factory=list)
+    blocks_swapped_in: list[int] = field(default_factory=list)
+    bytes_per_block: int = 0
+    num_swap_blocks: int = 0
 
     @classmethod
     def from_outcomes(
@@ -120,6 +131,10 @@ class ContinuousTiming:
             end_times_s=list(times),
             arrivals=dict(arrivals),
             padded_tokens=[o.padded_tokens for o in outcomes],
+            blocks_swapped_out=[o.blocks_swapped_out for o in outcomes],
+            blocks_swapped_in=[o.blocks_swapped_in for o in outcomes],
+            bytes_per_block=outcomes[0].bytes_per_block,
+            num_swap_blocks=outcomes[0].num_swap_blocks,
         )
         timing._read_requests(outcomes, times)
         return timing
@@ -131,6 +146,10 @@ class ContinuousTiming:
         for iteration, (outcome, now) in enumerate(zip(outcomes, times, strict=True), start=1):
             for request_id in outcome.evicted:
                 self.preempted_at.setdefault(request_id, []).append(iteration)
+            for request_id in outcome.swapped_out:
+                self.swapped_out_at.setdefault(request_id, []).append(iteration)
+            for request_id in outcome.swapped_in:
+                self.swapped_in_at.setdefault(request_id, []).append(iteration)
             for request_id in outcome.tokens:
                 first_token_s.setdefault(request_id, now)
                 last_token_s[request_id] = now
@@ -208,13 +227,45 @@ class ContinuousTiming:
 
     @property
     def tokens_per_eviction(self) -> float | None:
-        """Recomputed positions per preemption: how long victims were when picked.
+        """Recomputed positions per preemption by recompute: how long those victims were.
 
-        None when nothing was preempted: there is no eviction to divide by.
+        A swapped victim recomputes nothing, so only evictions by recompute divide. None when
+        nothing was preempted by recompute: there is no eviction to divide by.
         """
-        if not self.preemptions:
+        if not self.recompute_preemptions:
             return None
-        return self.total_recomputed_tokens / self.preemptions
+        return self.total_recomputed_tokens / self.recompute_preemptions
+
+    # -- the swap bill -------------------------------------------------------------------
+
+    @property
+    def swap_outs(self) -> int:
+        """Evictions whose K/V went to the host swap space."""
+        return sum(len(iterations) for iterations in self.swapped_out_at.values())
+
+    @property
+    def swap_ins(self) -> int:
+        """Returns from the swap space, each a decode row with nothing recomputed."""
+        return sum(len(iterations) for iterations in self.swapped_in_at.values())
+
+    @property
+    def recompute_preemptions(self) -> int:
+        """Evictions that threw the K/V away: all of them under recompute, fallbacks under swap."""
+        return self.preemptions - self.swap_outs
+
+    @property
+    def total_blocks_swapped_out(self) -> int:
+        return sum(self.blocks_swapped_out)
+
+    @property
+    def total_blocks_swapped_in(self) -> int:
+        return sum(self.blocks_swapped_in)
+
+    @property
+    def bytes_swapped(self) -> int:
+        """Bytes copied between the device and host memory, both ways, across the run."""
+        moved = self.total_blocks_swapped_out + self.total_blocks_swapped_in
+        return moved * self.bytes_per_block
 
     @property
     def preempted_latencies_s(self) -> dict[int, float]:

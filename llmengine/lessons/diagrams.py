@@ -11,22 +11,21 @@ from typing import Any
 
 from llmengine.request import TRANSITIONS, RequestState
 
-# Where each state sits: the live states on the left, the terminal ones on the right.
+# Where each state sits: the way through on the top row (waiting, running, finished), the
+# swap space under running, and aborted under the live states that can be aborted, so that
+# no two edges cross.
 STATE_POSITIONS: dict[RequestState, tuple[float, float]] = {
     RequestState.WAITING: (0.0, 0.0),
-    RequestState.RUNNING: (2.2, 0.0),
-    RequestState.FINISHED: (4.4, 0.9),
-    RequestState.ABORTED: (4.4, -0.9),
+    RequestState.RUNNING: (2.4, 0.0),
+    RequestState.FINISHED: (4.8, 0.0),
+    RequestState.SWAPPED: (3.6, -1.6),
+    RequestState.ABORTED: (1.2, -1.6),
 }
 
 
 def _edge_curvature(source: RequestState, target: RequestState) -> float:
-    """Bend the two edges of a pair apart, and the long waiting -> aborted edge around."""
-    if TRANSITIONS[target].get(source):
-        return 0.35
-    if source == RequestState.WAITING and target == RequestState.ABORTED:
-        return 0.45
-    return 0.0
+    """Bend the two edges of a pair (there and back) apart; every other edge is straight."""
+    return 0.35 if TRANSITIONS[target].get(source) else 0.0
 
 
 def draw_state_machine(
@@ -95,8 +94,8 @@ def draw_state_machine(
     # Equal aspect: arcs bend in screen space, so the labels only sit on them when a data
     # unit is as long across as it is up.
     ax.set_aspect("equal")
-    ax.set_xlim(-0.8, 5.2)
-    ax.set_ylim(-1.7, 1.5)
+    ax.set_xlim(-0.7, 5.5)
+    ax.set_ylim(-2.1, 0.7)
     ax.set_axis_off()
     if title:
         ax.set_title(title, fontsize=10)

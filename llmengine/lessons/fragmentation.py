@@ -1,7 +1,7 @@
 """What a KV cache holds versus what it reserves: bytes per position and the paged tail waste.
 
 A paged sequence fills its blocks in order, so only its last block can be partly empty: at
-most `block_size - 1` unused slots per sequence, whatever its length. `measure_tail_waste`
+most `block_size - 1` empty positions per sequence, whatever its length. `measure_tail_waste`
 checks that by growing real block tables one token at a time through a real `BlockPool`,
 the way the incremental scheduler grows them during decode, and counting what is left over.
 """
@@ -27,28 +27,29 @@ def kv_bytes_per_position(config: LlamaConfig, dtype: torch.dtype = torch.float3
 
 @dataclass(frozen=True, slots=True)
 class TailWaste:
-    """The blocks a set of sequences holds and the slots left empty in their last blocks."""
+    """The blocks a set of sequences holds and the positions left empty in their last blocks."""
 
     block_size: int
     num_sequences: int
     tokens: int
     blocks: int
-    wasted_slots: int
-    max_tail: int  # the most empty slots any one sequence had
+    empty_positions: int
+    max_tail: int  # the most empty positions any one sequence had
 
     @property
-    def slots(self) -> int:
-        """Slots reserved: every block held, full or not."""
+    def reserved_positions(self) -> int:
+        """Positions reserved: every position of every block held, full or not."""
         return self.blocks * self.block_size
 
     @property
     def waste_fraction(self) -> float:
-        """Share of the reserved slots that hold no token."""
-        return self.wasted_slots / self.slots if self.slots else 0.0
+        """Share of the reserved positions that hold no token."""
+        reserved = self.reserved_positions
+        return self.empty_positions / reserved if reserved else 0.0
 
     @property
     def bound(self) -> int:
-        """The most the tails can waste: `block_size - 1` slots per sequence."""
+        """The most the tails can waste: `block_size - 1` positions per sequence."""
         return (self.block_size - 1) * self.num_sequences
 
 
@@ -75,6 +76,6 @@ def measure_tail_waste(lengths: Sequence[int], block_size: int) -> TailWaste:
         num_sequences=len(tables),
         tokens=sum(table.num_tokens for table in tables),
         blocks=pool.num_held,
-        wasted_slots=sum(tails),
+        empty_positions=sum(tails),
         max_tail=max(tails),
     )

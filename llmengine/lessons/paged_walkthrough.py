@@ -126,7 +126,7 @@ def _colors(walk: PagedWalkthrough) -> dict[str, tuple[float, float, float, floa
 
 
 def _shade(snapshot: PoolSnapshot, name: str, index: int, block_size: int) -> float:
-    """Opacity of a sequence's `index`-th block: darker the more of its slots hold K/V."""
+    """Opacity of a sequence's `index`-th block: darker the more of its positions hold K/V."""
     filled = min(block_size, max(0, snapshot.lengths[name] - index * block_size))
     return 0.25 + 0.6 * filled / block_size
 
