@@ -57,7 +57,10 @@ class RestartOnEviction(Scheduler):
 
     Lesson 13's wrong version of preemption, kept here to show what resume protects. The
     victim is chosen by the next rule in the method resolution order (the core's youngest
-    when used alone), then cut back to its prompt before the core preempts it.
+    when used alone), then cut back to its prompt before the core preempts it, so it waits
+    and comes back as the size of its prompt, as a fresh request would. (`wrong_resumes`
+    restarts at readmission instead, after the blocks for the whole sequence were bought:
+    the text goes wrong, but the pool still sees the request at its full size.)
     """
 
     def select_victim(self, candidates: list[Request]) -> Request:
@@ -171,7 +174,6 @@ class Trace:
     drained: bool = False
     first_seen: int | None = None  # the step after which the repeated state was first seen
     repeated_at: int | None = None  # the step after which it was seen again
-    seniority_kept: bool = True  # running list in arrival order after every step
     finished_at: dict[int, int] = field(default_factory=dict)  # request id -> its last step
 
     @property
@@ -249,11 +251,9 @@ def run_until_drained_or_repeated(
     empty pool. States are compared only once everybody has arrived, since until then the
     future also depends on who is still to come.
 
-    The pool's own integrity check runs after every step. The scheduler's full
-    `check_integrity` is not called, because it also asserts that the running list stays in
-    seniority order, which only the youngest rule keeps; the trace records that instead. A
-    decision with an orphan row ends the run before its forward: that decision is the
-    finding, and the row has no blocks left to write into.
+    The scheduler's integrity check runs after every step. A decision with an orphan row
+    ends the run before its forward: that decision is the finding, and the row has no blocks
+    left to write into.
     """
     arrive_at = [0] * len(requests) if arrive_at is None else list(arrive_at)
     heard = _listen_to_victim_rule(scheduler)
@@ -290,9 +290,7 @@ def run_until_drained_or_repeated(
         if not orphans:
             for request in scheduler.update(out, dict.fromkeys(rows, FAKE_TOKEN)):
                 trace.finished_at[request.request_id] = len(trace.steps) + 1
-        scheduler.pool.check_integrity()
-        arrivals = [r.arrival for r in scheduler.running]
-        trace.seniority_kept &= arrivals == sorted(arrivals)
+        scheduler.check_integrity()
         trace.steps.append(
             Step(
                 number=len(trace.steps) + 1,
@@ -376,7 +374,6 @@ class SweepResult:
     within_token_bound: int = 0
     example: Config | None = None  # the first livelocking configuration
     oldest_evicted: int = 0  # configurations in which the first arrival was ever a victim
-    seniority_lost: int = 0  # configurations whose running list left arrival order
     evictions: int = 0
     recomputed: int = 0
     lone_self_evictions: int = 0
@@ -398,7 +395,6 @@ def sweep_rule(rule: type[Scheduler], configs: list[Config], door: bool = True) 
             if result.example is None:
                 result.example = config
         result.oldest_evicted += trace.evictions_of(0) > 0
-        result.seniority_lost += not trace.seniority_kept
         result.evictions += len(trace.evictions)
         result.recomputed += trace.recomputed
         result.lone_self_evictions += trace.lone_self_evictions
