@@ -42,14 +42,14 @@ class EvictLargest(Scheduler):
 
 
 class EvictOldest(Scheduler):
-    """Evict the oldest candidate (the earliest arrival among them).
+    """Evict the oldest candidate: the request asking for the block gives way itself.
 
-    While the running list is in seniority order the oldest candidate is the request asking
-    for the block, since the candidates start with it: the asker gives way itself.
+    The running list is kept in seniority order and the candidates start with the asker, so
+    the first candidate is both.
     """
 
     def select_victim(self, candidates: list[Request]) -> Request:
-        return min(candidates, key=lambda r: r.arrival)
+        return candidates[0]
 
 
 class RestartOnEviction(Scheduler):
