@@ -301,8 +301,7 @@ class Scheduler:
 
         `candidates` are the running requests, oldest first, from the one that needs a block
         to the youngest. Seniority is what makes growth terminate: the oldest running request
-        is never a victim, so it always reaches its last token and frees its blocks. (Lesson
-        16 swaps this rule for others and watches them fail.)
+        is never a victim, so it always reaches its last token and frees its blocks.
         """
         return candidates[-1]
 
