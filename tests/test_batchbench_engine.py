@@ -6,6 +6,8 @@ scheduling, so any model that generates the same text in every pool gives them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import seed_tables as seeds
 
@@ -22,8 +24,8 @@ def model() -> llmengine.Llama:
     return llmengine.load_model()
 
 
-@pytest.fixture(scope="module")
-def day34(model: llmengine.Llama) -> dict[int, PoolResult]:
+def day34_sweep(model: llmengine.Llama, **engine_kwargs: Any) -> list[PoolResult]:
+    """Day 34's burst through Day 34's pools, engines built with `engine_kwargs`."""
     workload = uniform_burst(
         seeds.DAY34_REQUESTS,
         seeds.DAY34_PROMPT,
@@ -31,13 +33,19 @@ def day34(model: llmengine.Llama) -> dict[int, PoolResult]:
         vocab_size=model.config.vocab_size,
         seed=34,
     )
-    results = sweep_pool_sizes(
+    return sweep_pool_sizes(
         model,
         workload,
         seeds.DAY34_POOLS,
         block_size=seeds.DAY34_BLOCK,
         num_slots=seeds.DAY34_SLOTS,
+        **engine_kwargs,
     )
+
+
+@pytest.fixture(scope="module")
+def day34(model: llmengine.Llama) -> dict[int, PoolResult]:
+    results = day34_sweep(model)
     return {result.pool_blocks: result for result in results}
 
 
@@ -90,22 +98,7 @@ def test_tight_pools_catch_victims_young(day34: dict[int, PoolResult]) -> None:
 def test_day34_sweep_under_swap_recomputes_nothing_and_says_what_it_moved(
     model: llmengine.Llama, day34: dict[int, PoolResult]
 ) -> None:
-    workload = uniform_burst(
-        seeds.DAY34_REQUESTS,
-        seeds.DAY34_PROMPT,
-        seeds.DAY34_BUDGET,
-        vocab_size=model.config.vocab_size,
-        seed=34,
-    )
-    results = sweep_pool_sizes(
-        model,
-        workload,
-        seeds.DAY34_POOLS,
-        block_size=seeds.DAY34_BLOCK,
-        num_slots=seeds.DAY34_SLOTS,
-        preemption="swap",
-        swap_blocks=64,
-    )
+    results = day34_sweep(model, preemption="swap", swap_blocks=64)
     once = seeds.DAY34_REQUESTS * (seeds.DAY34_PROMPT + seeds.DAY34_BUDGET - 1)
     for result in results:
         timing, recompute = result.timing, day34[result.pool_blocks]
