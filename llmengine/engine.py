@@ -154,6 +154,31 @@ class Engine:
         self._generators[request.request_id] = make_generator(params)
         return request.request_id
 
+    def add_requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+    ) -> list[int]:
+        """Queue several prompts, all or none; their request ids in the order of `prompts`.
+
+        `params` is one for all or one per prompt. If any prompt is refused (ValueError, as
+        `add_request`), those already queued are aborted and released before it propagates,
+        so the engine is left as it was.
+        """
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params")
+        ids: list[int] = []
+        try:
+            for prompt, prompt_params in zip(prompts, per_prompt, strict=True):
+                ids.append(self.add_request(prompt, prompt_params))
+        except ValueError:
+            for request_id in ids:
+                self.abort(request_id)
+                self.release(request_id)
+            raise
+        return ids
+
     def abort(self, request_id: int) -> bool:
         """Stop a waiting, running, preempted or swapped request; what it holds goes back now.
 
@@ -163,7 +188,7 @@ class Engine:
         """
         if request_id not in self._requests:
             if 0 <= request_id < self._next_id:
-                return False  # finished, and its record handed back by generate()
+                return False  # finished, and its record handed back by release()
             raise KeyError(f"no request {request_id} in this engine")
         request = self._requests[request_id]
         if request.state == RequestState.FINISHED:
@@ -173,6 +198,19 @@ class Engine:
         self.scheduler.abort(request)
         del self._generators[request_id]
         return True
+
+    def release(self, request_id: int) -> Request:
+        """Hand back the record of a finished or aborted request, and forget it.
+
+        The engine keeps every request's record until someone takes it, so a caller that adds
+        requests for ever (a server) must take each one once it is done, or the records pile
+        up. ValueError while the request is still unfinished; KeyError for an id this engine
+        does not hold (never issued, or already released).
+        """
+        request = self.request(request_id)
+        if request.state not in (RequestState.FINISHED, RequestState.ABORTED):
+            raise ValueError(f"request {request_id} is still {request.state.value}")
+        return self._requests.pop(request_id)
 
     def _on_release(self, request: Request) -> None:
         self.slot_owners[request.slot] = None
@@ -266,20 +304,10 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams],
     ) -> list[list[int]]:
         """Run `prompts` to completion; generated token ids in the order of `prompts`."""
-        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else params
-        if len(per_prompt) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params")
-        ids = []
-        try:
-            for prompt, prompt_params in zip(prompts, per_prompt, strict=True):
-                ids.append(self.add_request(prompt, prompt_params))
-        except ValueError:
-            for request_id in ids:
-                self.abort(request_id)
-            raise
+        ids = self.add_requests(prompts, params)
         while self.has_unfinished():
             self.step()
-        return [self._requests.pop(request_id).output_token_ids for request_id in ids]
+        return [self.release(request_id).output_token_ids for request_id in ids]
 
     def generate_text(self, prompts: Sequence[str], params: SamplingParams) -> list[str]:
         """`generate` on strings, through the engine's tokenizer."""

@@ -345,3 +345,31 @@ def test_an_engine_subclass_runs_its_own_scheduler_class(model: llmengine.Llama)
     assert isinstance(engine.scheduler, Recording) and victims
     roomy = Engine(model, num_blocks=16, block_size=4, num_slots=2)
     assert outputs == roomy.generate(prompts, GREEDY)
+
+
+def test_release_hands_back_a_done_record_once_and_refuses_an_unfinished_one(
+    model: llmengine.Llama,
+) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    done, stopped = engine.add_requests([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3))
+    with pytest.raises(ValueError, match="still waiting"):
+        engine.release(done)
+    engine.step()
+    assert engine.abort(stopped) is True
+    while engine.has_unfinished():
+        engine.step()
+    record = engine.release(done)
+    assert record.state == RequestState.FINISHED and len(record.output_token_ids) == 3
+    assert engine.release(stopped).state == RequestState.ABORTED
+    assert engine._requests == {}
+    assert [engine.abort(done), engine.abort(stopped)] == [False, False]
+    with pytest.raises(KeyError):
+        engine.release(done)
+
+
+def test_add_requests_is_all_or_nothing(model: llmengine.Llama) -> None:
+    engine = Engine(model, num_blocks=8, block_size=4, num_slots=2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_requests([[1, 2], [3, 4], [10**6]], SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished() and engine._requests == {}
+    assert engine.num_free_blocks == engine.num_blocks
