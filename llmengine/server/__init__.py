@@ -1,0 +1,14 @@
+"""An OpenAI-compatible HTTP server in front of `llmengine.Engine` (`llmengine serve`).
+
+`create_app(engine, tokenizer, served_model_name=...)` builds the FastAPI app;
+`serve_in_thread(app)` runs it under uvicorn on a free local port for as long as a `with`
+block lasts. The modules, one idea each: `protocol` (request bodies), `errors` (OpenAI's
+error object), `engine_loop` (the engine's own thread and the hand-off to asyncio),
+`text_stream` (incremental text and stop strings), `choices` (one request's choices as
+deltas), `streaming` (Server-Sent Events, disconnects), `serving` (the two endpoints),
+`chat` (chat templates), `metrics` (Prometheus), `app` (routes, auth, body limit) and
+`threaded` (the background server).
+"""
+
+from llmengine.server.app import create_app as create_app
+from llmengine.server.threaded import serve_in_thread as serve_in_thread

@@ -1,0 +1,166 @@
+"""The FastAPI app: routes, who may come in, how big a body may be, and the engine's life.
+
+`create_app` wraps an `Engine` and its tokenizer. The engine loop starts with the app (its
+lifespan) and stops with it: uvicorn turns SIGINT and SIGTERM into a shutdown, and the
+shutdown aborts what is in flight and joins the engine thread.
+
+Two checks run before any route, as plain ASGI middleware: with an API key, every `/v1`
+request needs `Authorization: Bearer KEY` (compared in constant time) or gets 401, while
+`/health` and `/metrics` stay open; and a body over `max_body_bytes` gets 413, whether its
+Content-Length says so or it only turns out so as it streams in. Headers are never logged,
+so the key never reaches a log.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmengine.engine import Engine
+from llmengine.server.chat import ChatFormatter
+from llmengine.server.engine_loop import EngineLoop
+from llmengine.server.errors import APIError, install_error_handlers
+from llmengine.server.metrics import ServerMetrics
+from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest
+from llmengine.server.serving import Serving
+
+MAX_BODY_BYTES = 1 << 20
+MAX_WAITING = 256
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Any,
+    *,
+    served_model_name: str,
+    api_key: str | None = None,
+    max_waiting: int = MAX_WAITING,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    chat_template: str | None = None,
+) -> FastAPI:
+    """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
+
+    `max_waiting`: the most engine requests queued for a slot before new ones get 429.
+    `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
+    plain one. The app owns the engine from its startup to its shutdown: nothing else may
+    step it meanwhile. `app.state.engine_loop` and `app.state.metrics` are there to inspect.
+    """
+    metrics = ServerMetrics()
+    engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
+    serving = Serving(engine_loop, tokenizer, ChatFormatter(tokenizer, chat_template),
+                      served_model_name)  # fmt: skip
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine_loop.start()
+        try:
+            yield
+        finally:
+            engine_loop.stop()
+
+    app = FastAPI(title="llmengine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine_loop = engine_loop
+    app.state.metrics = metrics
+    install_error_handlers(app)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(body, request.receive)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await serving.chat_completions(body, request.receive)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "llmengine",
+            "max_model_len": serving.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health", response_model=None)
+    async def health() -> Response:
+        if not engine_loop.running:
+            return APIError(503, "the engine is not running", type="server_error").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(RequireKey, api_key=api_key)  # added last: runs first
+    return app
+
+
+class RequireKey:
+    """401 for a `/v1` request without `Authorization: Bearer <the key>`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(
+                    401, "a valid API key is required: Authorization: Bearer <key>",
+                    code="invalid_api_key",
+                )  # fmt: skip
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """413 for a body over the limit; the body is read here first and handed on whole."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            await self._too_large(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client left before sending it all; let the app see that
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await self._too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        whole: list[Message] = [{"type": "http.request", "body": b"".join(chunks)}]
+
+        async def replay() -> Message:
+            return whole.pop() if whole else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = APIError(
+            413, f"the request body is over {self.max_body_bytes} bytes",
+            code="request_too_large",
+        )  # fmt: skip
+        await error.response()(scope, receive, send)

@@ -1,0 +1,151 @@
+"""The request bodies the server accepts, as pydantic models, and their sampling parameters.
+
+The fields and defaults are OpenAI's (temperature 1.0, top_p 1.0, n 1; `max_tokens` 16 for
+completions, its legacy default), plus vLLM's extensions `top_k`, `repetition_penalty`,
+`stop_token_ids` and `ignore_eos`. Ranges are checked here, so a bad value is a 400 naming
+its field; `SamplingParams` checks again. Unknown fields are ignored, as OpenAI's own
+clients send some this server has no use for.
+
+`n` samples of one prompt are independent requests to the engine; with a `seed`, sample i
+uses seed + i, so they differ from each other yet the whole response is reproducible.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from llmengine.params import SamplingParams
+
+MAX_LOGPROBS = 20
+MAX_N = 64
+
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+Text = Annotated[StrictStr, Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints take, in the same spelling."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both keep every token
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int, sample: int, logprobs: int | None) -> SamplingParams:
+        """The engine parameters of sample `sample` (0 to n-1) of one prompt.
+
+        Only the penalties and logprobs a request sets are passed on, so the defaults are
+        `SamplingParams`' own.
+        """
+        options: dict[str, Any] = {}
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                options[name] = value
+        if logprobs is not None:
+            options["logprobs"] = logprobs
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            seed=None if self.seed is None else (self.seed + sample) % 2**64,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            **options,
+        )
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions: a prompt as text or token ids, or a list of either."""
+
+    prompt: (
+        Text
+        | TokenIds
+        | Annotated[list[Text], Field(min_length=1)]
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: Literal[False] = False
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request on its own: a text, or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt[0], int):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions: messages, rendered through the chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens`, or the older `max_tokens`; None asks for all that fit."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The k of top-k log-probabilities per token, or None when not asked for."""
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0

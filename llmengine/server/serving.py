@@ -1,0 +1,291 @@
+"""The two generating endpoints: a request body in, an OpenAI response or event stream out.
+
+`Serving` holds what both need (the engine loop, the tokenizer, the chat formatter, the
+model's limits) and turns a validated body into engine prompts and sampling parameters,
+refusing with a 400 what the engine could never run: a prompt plus max_tokens beyond the
+model's `max_position_embeddings`, or beyond the whole KV pool (the engine's own check).
+Choice indices follow OpenAI: prompt i's sample j is choice i * n + j.
+
+Default max_tokens: 16 for completions (OpenAI's legacy default); for chat, as many as fit,
+which is the smaller of `max_position_embeddings` and the pool's capacity (num_blocks *
+block_size tokens), minus the prompt.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from llmengine.params import SamplingParams
+from llmengine.server.chat import ChatFormatter
+from llmengine.server.choices import ChoiceRun, Delta, TokenLogprob
+from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull
+from llmengine.server.errors import APIError, bad_request
+from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from llmengine.server.streaming import (
+    ClientGone,
+    EventStreamResponse,
+    cancel_on_disconnect,
+    sse_event,
+)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's legacy completions format: parallel lists, top-k as {token: logprob}."""
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [dict(t.top) for t in tokens],
+        "text_offset": [t.offset for t in tokens],
+    }
+
+
+def chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat format: one entry per token with its UTF-8 bytes and its top-k."""
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            {**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
+            for t in tokens
+        ]
+    }
+
+
+class Serving:
+    """Completions and chat completions over one engine loop."""
+
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        tokenizer: Any,
+        chat: ChatFormatter,
+        served_model_name: str,
+    ) -> None:
+        self.engine_loop = engine_loop
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.served_model_name = served_model_name
+        engine = engine_loop.engine
+        self.max_model_len = engine.model.config.max_position_embeddings
+        self.max_fit = min(self.max_model_len, engine.num_blocks * engine.block_size)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.served_model_name:
+            raise APIError(
+                404,
+                f"the model `{name}` does not exist; this server serves `{self.served_model_name}`",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_length(self, prompt: list[int], max_tokens: int) -> None:
+        if len(prompt) + max_tokens > self.max_model_len:
+            raise bad_request(
+                f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) is more than "
+                f"the model's {self.max_model_len} positions",
+                param="max_tokens",
+            )
+
+    def sampling(
+        self, body: SamplingFields, prompts: list[list[int]], max_tokens: list[int], k: int | None
+    ) -> tuple[list[list[int]], list[SamplingParams]]:
+        """One engine prompt and one SamplingParams per choice, in choice order."""
+        engine_prompts, params = [], []
+        try:
+            for prompt, budget in zip(prompts, max_tokens, strict=True):
+                self.check_length(prompt, budget)
+                for sample in range(body.n):
+                    engine_prompts.append(prompt)
+                    params.append(body.sampling_params(budget, sample, k))
+        except (ValueError, TypeError) as error:
+            raise bad_request(str(error)) from None
+        return engine_prompts, params
+
+    async def start(
+        self, body: SamplingFields, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> ChoiceRun:
+        """Add the choices to the engine; the engine's refusals become HTTP errors."""
+        try:
+            return await ChoiceRun.start(
+                self.engine_loop, self.tokenizer, prompts, params, body.stop_strings
+            )
+        except QueueFull as error:
+            raise APIError(429, str(error), type="rate_limit_error", code="queue_full") from None
+        except EngineStopped as error:
+            raise APIError(503, str(error), type="server_error") from None
+        except ValueError as error:
+            raise bad_request(str(error), param="prompt") from None
+
+    # -- the endpoints ---------------------------------------------------------------------
+
+    async def completions(self, body: CompletionRequest, receive: Receive) -> Response:
+        self.check_model(body.model)
+        prompts = [self._encode(prompt) for prompt in body.prompts()]
+        max_tokens = body.max_tokens or 16
+        engine_prompts, params = self.sampling(
+            body, prompts, [max_tokens] * len(prompts), body.logprobs
+        )
+        run = await self.start(body, engine_prompts, params)
+        shaper = _Shaper("cmpl", "text_completion", self.served_model_name)
+
+        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
+            return {
+                "index": delta.index,
+                "text": text,
+                "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+                "finish_reason": delta.finish_reason,
+            }
+
+        prompt_tokens = sum(len(prompt) for prompt in prompts)
+        with_logprobs = body.logprobs is not None
+        if body.stream:
+            chunks = _stream(run, shaper, body, prompt_tokens, choice, with_logprobs)
+            return EventStreamResponse(chunks, run.close)
+        return await _collect(run, shaper, receive, prompt_tokens, choice, with_logprobs)
+
+    async def chat_completions(self, body: ChatCompletionRequest, receive: Receive) -> Response:
+        self.check_model(body.model)
+        messages = [(message.role, message.text) for message in body.messages]
+        try:
+            prompt = self.chat.token_ids(messages)
+        except ValueError as error:
+            raise bad_request(f"the chat template refused the messages: {error}") from None
+        max_tokens = body.requested_max_tokens or self.max_fit - len(prompt)
+        if max_tokens < 1:
+            raise bad_request(
+                f"the conversation ({len(prompt)} tokens) leaves no room to generate",
+                param="messages",
+            )
+        engine_prompts, params = self.sampling(body, [prompt], [max_tokens], body.num_logprobs)
+        run = await self.start(body, engine_prompts, params)
+        shaper = _Shaper("chatcmpl", "chat.completion", self.served_model_name)
+
+        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
+            logprobs_field = None if logprobs is None else chat_logprobs(logprobs)
+            if body.stream:
+                content = {"content": text} if text else {}
+                return {
+                    "index": delta.index,
+                    "delta": content,
+                    "logprobs": logprobs_field,
+                    "finish_reason": delta.finish_reason,
+                }
+            return {
+                "index": delta.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs_field,
+                "finish_reason": delta.finish_reason,
+            }
+
+        if body.stream:
+            shaper.object = "chat.completion.chunk"
+            chunks = _stream(run, shaper, body, len(prompt), choice, body.logprobs, chat=True)
+            return EventStreamResponse(chunks, run.close)
+        return await _collect(run, shaper, receive, len(prompt), choice, body.logprobs)
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        return prompt
+
+
+ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], dict]
+
+
+class _Shaper:
+    """The envelope every response and chunk of one request shares."""
+
+    def __init__(self, prefix: str, object_name: str, model: str) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.object = object_name
+        self.created = int(time.time())
+        self.model = model
+
+    def wrap(self, choices: list[dict], **extra: Any) -> dict[str, Any]:
+        body = {"id": self.id, "object": self.object, "created": self.created}
+        return {**body, "model": self.model, "choices": choices, **extra}
+
+
+async def _collect(
+    run: ChoiceRun,
+    shaper: _Shaper,
+    receive: Receive,
+    prompt_tokens: int,
+    choice: ChoiceShape,
+    with_logprobs: bool,
+) -> Response:
+    """The whole response at once; a client gone meanwhile gets its requests aborted."""
+    texts = [""] * run.num_choices
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.num_choices)]
+    ends: list[Delta] = []
+
+    async def gather() -> None:
+        async for delta in run.deltas():
+            texts[delta.index] += delta.text
+            logprobs[delta.index].extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                ends.append(delta)
+
+    try:
+        await cancel_on_disconnect(receive, gather())
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it
+    except EngineStopped as error:
+        raise APIError(503, str(error), type="server_error") from None
+    finally:
+        run.close()
+    ends.sort(key=lambda delta: delta.index)
+    choices = [
+        choice(end, texts[end.index], logprobs[end.index] if with_logprobs else None)
+        for end in ends
+    ]
+    body = shaper.wrap(choices, usage=usage(prompt_tokens, run.completion_tokens))
+    return JSONResponse(body)
+
+
+async def _stream(
+    run: ChoiceRun,
+    shaper: _Shaper,
+    body: SamplingFields,
+    prompt_tokens: int,
+    choice: ChoiceShape,
+    with_logprobs: bool,
+    *,
+    chat: bool = False,
+) -> AsyncIterator[bytes]:
+    """The response as SSE chunks; with include_usage, a last chunk with only the usage."""
+    extra = {"usage": None} if body.include_usage else {}
+    if chat:  # the first chunk of every chat choice names the role
+        roles = [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}
+            for i in range(run.num_choices)
+        ]  # fmt: skip
+        yield sse_event(shaper.wrap(roles, **extra))
+    try:
+        async for delta in run.deltas():
+            shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
+            yield sse_event(shaper.wrap([shaped], **extra))
+    except EngineStopped as error:
+        yield sse_event(APIError(503, str(error), type="server_error").body())
+        return
+    if body.include_usage:
+        yield sse_event(shaper.wrap([], usage=usage(prompt_tokens, run.completion_tokens)))
