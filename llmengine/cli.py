@@ -236,7 +236,83 @@ def add_bench(subparsers: Subparsers) -> None:
     parser.set_defaults(handler=_run_bench)
 
 
-SUBCOMMANDS: list[Callable[[Subparsers], None]] = [add_generate, add_bench]
+def _run_serve(args: argparse.Namespace) -> int:
+    """Serve the model over the OpenAI API until SIGINT or SIGTERM."""
+    import os
+
+    import llmengine
+    from llmengine.loader import model_folder
+    from llmengine.server import create_app, serve
+    from llmengine.server.chat import chat_template_of
+
+    folder = model_folder(args.model)
+    tokenizer = llmengine.load_tokenizer(args.model)
+    engine = llmengine.Engine(
+        llmengine.load_model(args.model),
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        num_slots=args.max_num_seqs,
+        policy=args.policy,
+        preemption=args.preemption,
+        swap_blocks=args.swap_blocks,
+        tokenizer=tokenizer,
+    )
+    app = create_app(
+        engine,
+        tokenizer,
+        served_model_name=args.served_model_name or folder.name,
+        api_key=args.api_key or os.environ.get("LLMENGINE_API_KEY") or None,
+        max_waiting=args.max_waiting,
+        chat_template=chat_template_of(folder, tokenizer),
+    )
+    return serve(app, host=args.host, port=args.port)
+
+
+def add_serve(subparsers: Subparsers) -> None:
+    """`llmengine serve`: an OpenAI-compatible HTTP server in front of one engine."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the OpenAI API over HTTP",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
+        "/metrics from one engine, until SIGINT or SIGTERM.",
+    )
+    add_model_argument(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_non_negative_int, default=8000, help="default 8000")
+    parser.add_argument(
+        "--served-model-name", default=None, metavar="NAME",
+        help="the model name clients ask for (default: the checkpoint folder's name)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--num-blocks", type=_positive_int, default=256, metavar="N",
+        help="KV blocks in the pool (default 256)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--block-size", type=_positive_int, default=BLOCK_SIZE, metavar="B",
+        help=f"tokens per block (default {BLOCK_SIZE})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-num-seqs", type=_positive_int, default=8, metavar="S",
+        help="most requests in one forward (default 8)",
+    )  # fmt: skip
+    parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
+    parser.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    parser.add_argument(
+        "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
+        help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-waiting", type=_non_negative_int, default=256, metavar="W",
+        help="most requests queued for a slot; more get HTTP 429 (default 256)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help="require `Authorization: Bearer KEY` on /v1 (default: $LLMENGINE_API_KEY, or none)",
+    )  # fmt: skip
+    parser.set_defaults(handler=_run_serve)
+
+
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [add_generate, add_bench, add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

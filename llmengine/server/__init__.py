@@ -7,8 +7,9 @@ error object), `engine_loop` (the engine's own thread and the hand-off to asynci
 `text_stream` (incremental text and stop strings), `choices` (one request's choices as
 deltas), `streaming` (Server-Sent Events, disconnects), `serving` (the two endpoints),
 `chat` (chat templates), `metrics` (Prometheus), `app` (routes, auth, body limit) and
-`threaded` (the background server).
+`runner` (uvicorn in the foreground, or on a background thread).
 """
 
 from llmengine.server.app import create_app as create_app
-from llmengine.server.threaded import serve_in_thread as serve_in_thread
+from llmengine.server.runner import serve as serve
+from llmengine.server.runner import serve_in_thread as serve_in_thread

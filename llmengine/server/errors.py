@@ -59,11 +59,12 @@ def from_validation(error: RequestValidationError) -> APIError:
     if not problems:
         return bad_request("invalid request")
     first = problems[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
     if first.get("type") == "json_invalid":
         return bad_request(f"the body is not valid JSON: {first.get('msg', '')}", param=None)
-    prefix = f"{param}: " if param else ""
+    # The field is the first place after "body"; deeper places name union members or items.
+    location = [part for part in first.get("loc", ()) if part != "body"]
+    param = str(location[0]) if location else None
+    prefix = f"{param}: " if param else "the body: "
     return bad_request(f"{prefix}{first.get('msg', 'invalid value')}", param=param)
 
 

@@ -1,4 +1,11 @@
-"""A real uvicorn server on a background thread, for tests, lessons and benchmarks.
+"""Running the app under uvicorn: in the foreground (`llmengine serve`), or on a thread.
+
+`serve` is the command's: it returns 0 once SIGINT or SIGTERM has shut the server down.
+uvicorn turns either signal into a graceful shutdown (the app's lifespan then stops the
+engine thread) and re-raises it afterwards, which would kill the process with the signal;
+a no-op handler installed for the duration makes that re-raise harmless.
+
+`serve_in_thread` is for tests, lessons and benchmarks: a real server on a background thread.
 
     with serve_in_thread(app) as base_url:      # e.g. "http://127.0.0.1:41237"
         client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused")
@@ -10,6 +17,7 @@ stops the server (the app's shutdown stops its engine thread) and joins its thre
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -45,3 +53,20 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(start_timeout)
         sock.close()
+
+
+def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+    """Serve `app` until SIGINT or SIGTERM; 0 after a clean shutdown."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, _already_shutting_down) for sig in handled}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1
+
+
+def _already_shutting_down(signum: int, frame: Any) -> None:
+    """What a signal does once uvicorn has handled it: nothing more."""
