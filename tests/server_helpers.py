@@ -1,0 +1,100 @@
+"""What the server tests share: a served engine, SSE parsing, /metrics read back, polling."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+import llmengine
+from llmengine.server import create_app, serve_in_thread
+
+MODEL_NAME = "tiny-test"
+TIMEOUT = 30.0
+
+
+@dataclass
+class Served:
+    """A running server: its base URL, the engine it owns, and clients for it."""
+
+    url: str
+    engine: llmengine.Engine
+    api_key: str = "unused"
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=TIMEOUT
+        )
+
+    def post(self, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, timeout=TIMEOUT, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics by name (labels folded into the name, as `a{k="v"}`)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=TIMEOUT).text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+        return samples
+
+
+@contextmanager
+def served(engine: llmengine.Engine, tokenizer: Any, **options: Any) -> Iterator[Served]:
+    """`engine` behind a real uvicorn server on a free local port, stopped on exit."""
+    app = create_app(engine, tokenizer, served_model_name=MODEL_NAME, **options)
+    with serve_in_thread(app) as url:
+        yield Served(url, engine, options.get("api_key") or "unused")
+
+
+def sse_payloads(lines: Iterator[str]) -> list[Any]:
+    """The JSON payloads of a Server-Sent Events stream, checking it ends in [DONE]."""
+    payloads: list[Any] = []
+    done = False
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        assert not done, "an event after [DONE]"
+        data = line[len("data: ") :]
+        if data == "[DONE]":
+            done = True
+        else:
+            payloads.append(json.loads(data))
+    assert done, "the stream did not end with data: [DONE]"
+    return payloads
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float = 10.0) -> bool:
+    """Poll `condition` (bounded in time and count) until it holds; whether it did."""
+    deadline = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.02) + 1):
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    return condition()
+
+
+def holds_no_records(engine: llmengine.Engine) -> bool:
+    """The engine has nothing in flight and no request record left behind."""
+    return not engine._requests and not engine.has_unfinished()
+
+
+class SlowEngine(llmengine.Engine):
+    """An engine whose every step takes at least `delay` seconds: a request that cannot
+    finish before a test has looked at it."""
+
+    delay = 0.02
+
+    def step(self) -> llmengine.IterationOutcome:
+        time.sleep(self.delay)
+        return super().step()

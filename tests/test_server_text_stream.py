@@ -1,0 +1,80 @@
+"""TextStream: stop strings cut the text, across tokens; held-back text is never lost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+import llmengine
+from llmengine.server.text_stream import TextStream
+
+
+class Letters:
+    """A tokenizer whose token i is the i-th string of `vocab`: tokens of known text."""
+
+    def __init__(self, vocab: Sequence[str]) -> None:
+        self.vocab = list(vocab)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self.vocab[i] for i in token_ids)
+
+    def ids(self, *pieces: str) -> list[int]:
+        return [self.vocab.index(piece) for piece in pieces]
+
+
+LETTERS = Letters(["ab", "c", "d", "x", "e", "cd", "abc"])
+
+
+def feed(stream: TextStream, ids: list[int]) -> list[str]:
+    pieces = [stream.add(token) for token in ids]
+    return [*pieces, stream.finish()]
+
+
+def test_a_stop_string_spanning_tokens_cuts_before_it() -> None:
+    stream = TextStream(LETTERS, stop=["bcd"])
+    pieces = feed(stream, LETTERS.ids("x", "ab", "c", "d", "e"))
+    assert pieces == ["x", "a", "", "", "", ""]
+    assert stream.stopped and stream.text == "xa"
+
+
+def test_text_held_back_for_a_possible_stop_comes_out_when_it_is_not_one() -> None:
+    stream = TextStream(LETTERS, stop=["cde"])
+    pieces = feed(stream, LETTERS.ids("ab", "c", "d", "x"))
+    assert pieces == ["ab", "", "", "cdx", ""]
+    assert not stream.stopped and stream.text == "abcdx"
+
+
+def test_held_back_text_is_released_at_the_end() -> None:
+    stream = TextStream(LETTERS, stop=["cde"])
+    pieces = feed(stream, LETTERS.ids("ab", "cd"))
+    assert pieces == ["ab", "", "cd"] and stream.text == "abcd"
+
+
+def test_the_earliest_stop_wins_and_a_stop_at_the_very_start_leaves_nothing() -> None:
+    stream = TextStream(LETTERS, stop=["d", "bc"])
+    assert "".join(feed(stream, LETTERS.ids("abc", "d"))) == "a"
+    stream = TextStream(LETTERS, stop=["ab"])
+    assert feed(stream, LETTERS.ids("abc", "d")) == ["", "", ""] and stream.text == ""
+
+
+def test_after_a_stop_nothing_more_comes_out() -> None:
+    stream = TextStream(LETTERS, stop=["x"])
+    assert stream.add(LETTERS.ids("x")[0]) == "" and stream.stopped
+    assert stream.add(LETTERS.ids("ab")[0]) == "" and stream.finish() == ""
+
+
+@pytest.mark.parametrize("stop", [(), ("\n\n",), (" the ", "ROMEO")])
+def test_the_pieces_join_into_the_decoded_text_on_the_real_tokenizer(
+    stop: tuple[str, ...],
+) -> None:
+    tokenizer = llmengine.load_tokenizer()
+    text = "ROMEO:\nO, the heart é 🎭 of it!\n\nJULIET: the end"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stream = TextStream(tokenizer, stop=stop)
+    pieces = feed(stream, ids)
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    cut = min((decoded.find(s) for s in stop if s in decoded), default=len(decoded))
+    assert "".join(pieces) == stream.text == decoded[:cut]
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert stream.decoded_length >= len(stream.text)
