@@ -1,0 +1,146 @@
+"""Many clients at once and clients that leave: the server's engine loop under pressure.
+
+32 streaming clients on a pool small enough that the engine preempts get exactly the
+offline engine's texts; a client that disconnects, streaming or not, has its request aborted
+and its blocks back at once; and the engine keeps no record of any request once it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import (
+    MODEL_NAME,
+    TIMEOUT,
+    Served,
+    SlowEngine,
+    holds_no_records,
+    served,
+    wait_until,
+)
+
+import llmengine
+from llmengine.sampling import SamplingParams
+
+CLIENTS = 32
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model() -> llmengine.Llama:
+    return llmengine.load_model()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return llmengine.load_tokenizer()
+
+
+def prompts() -> list[str]:
+    names = ["ROMEO", "JULIET", "HAMLET", "KING LEAR", "PORTIA", "IAGO", "PUCK", "VIOLA"]
+    openings = ["", "O, ", "Good my lord, ", "What is"]
+    return [f"{name}:\n{opening}" for opening in openings for name in names]
+
+
+async def stream_text(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str:
+    """One streaming completion, its text joined from the chunks."""
+    text = ""
+    async with client.stream("POST", url, json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[len("data: ") :])["choices"][0]["text"]
+    return text
+
+
+def test_32_streaming_clients_on_a_cramped_pool_get_the_offline_texts(
+    model: llmengine.Llama, tokenizer: Any
+) -> None:
+    all_prompts = prompts()
+    assert len(all_prompts) == CLIENTS
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    roomy = llmengine.Engine(model, num_blocks=512, block_size=4, num_slots=32, tokenizer=tokenizer)
+    expected = roomy.generate_text(all_prompts, params)
+    engine = llmengine.Engine(model, num_blocks=16, block_size=4, num_slots=8)
+    with served(engine, tokenizer) as server:
+        url = f"{server.url}/v1/completions"
+
+        async def everyone() -> list[str]:
+            limits = httpx.Limits(max_connections=CLIENTS)
+            async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
+                bodies = [
+                    {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                     "temperature": 0, "ignore_eos": True}
+                    for prompt in all_prompts
+                ]  # fmt: skip
+                return await asyncio.gather(*(stream_text(client, url, b) for b in bodies))
+
+        texts = asyncio.run(asyncio.wait_for(everyone(), TIMEOUT))
+        assert texts == expected
+        metrics = server.metrics()
+        assert metrics["llmengine_preemptions_total"] > 0  # the pool really was too small
+        assert metrics["llmengine_generation_tokens_total"] >= CLIENTS * MAX_TOKENS
+        assert wait_until(lambda: holds_no_records(engine))
+        assert server.metrics()["llmengine_kv_blocks_free"] == 16
+
+
+@pytest.fixture(scope="module")
+def slow(model: llmengine.Llama, tokenizer: Any) -> Iterator[Served]:
+    """Every step takes 20 ms: 200 tokens take 4 s, far longer than a test waits."""
+    engine = SlowEngine(model, num_blocks=32, block_size=16, num_slots=2)
+    with served(engine, tokenizer) as running:
+        yield running
+
+
+LONG = {"model": MODEL_NAME, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True}
+
+
+def aborted(server: Served) -> float:
+    return server.metrics().get('llmengine_requests_finished_total{reason="abort"}', 0.0)
+
+
+def blocks_all_free(server: Served) -> bool:
+    metrics = server.metrics()
+    return metrics["llmengine_kv_blocks_free"] == metrics["llmengine_kv_blocks_total"]
+
+
+def test_a_client_that_leaves_mid_stream_gets_its_request_aborted(slow: Served) -> None:
+    before = aborted(slow)
+    for path, body in (
+        ("/v1/completions", LONG),
+        ("/v1/chat/completions", {**LONG, "messages": [{"role": "user", "content": "Hi"}]}),
+    ):
+        with httpx.stream(
+            "POST", f"{slow.url}{path}", json={**body, "stream": True}, timeout=TIMEOUT
+        ) as response:
+            lines = response.iter_lines()
+            received = [line for line, _ in zip(lines, range(6), strict=False) if line]
+            assert len(received) >= 2
+            assert not blocks_all_free(slow)  # the request holds blocks while it streams
+        assert wait_until(lambda: blocks_all_free(slow), timeout=2.0)
+    assert aborted(slow) == before + 2
+    assert wait_until(lambda: holds_no_records(slow.engine), timeout=2.0)
+
+
+def test_a_client_that_gives_up_waiting_gets_its_request_aborted(slow: Served) -> None:
+    before = aborted(slow)
+    timeout = httpx.Timeout(TIMEOUT, read=0.3)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{slow.url}/v1/completions", json=LONG, timeout=timeout)
+    assert wait_until(lambda: blocks_all_free(slow), timeout=2.0)
+    assert aborted(slow) == before + 1
+    assert wait_until(lambda: holds_no_records(slow.engine), timeout=2.0)
+
+
+def test_a_stop_string_frees_the_request_before_its_budget(slow: Served) -> None:
+    """The text hits the stop string early: the engine request ends there, not 200 tokens on."""
+    body = {**LONG, "temperature": 0, "stop": "\n"}
+    result = httpx.post(f"{slow.url}/v1/completions", json=body, timeout=3.0).json()
+    assert result["choices"][0]["finish_reason"] == "stop"
+    assert result["usage"]["completion_tokens"] < 200
+    assert wait_until(lambda: holds_no_records(slow.engine), timeout=2.0)
