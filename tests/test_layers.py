@@ -1,10 +1,11 @@
 """The package's layers, checked by reading every module's imports (AST, nothing executed).
 
-The serving core sits in `llmengine/` itself; `llmengine.bench` and `llmengine.lessons` (and the
-server, when it comes) sit above it. Dependencies point one way: the core imports no outer
-layer and no plotting, dataframe or transformers library at module level, and the bench layer
-never imports the lessons layer. The front door (`__init__`, `__main__`, `cli`) may reach the
-outer layers, but only lazily, so that `import llmengine` stays the core alone.
+The serving core sits in `llmengine/` itself; `llmengine.bench`, `llmengine.lessons` and
+`llmengine.server` sit above it. Dependencies point one way: the core imports no outer layer
+and no plotting, dataframe or transformers library at module level, the bench layer imports
+neither the lessons nor the server, and the server imports neither the bench nor the
+lessons. The front door (`__init__`, `__main__`, `cli`) may reach the outer layers, but only
+lazily, so that `import llmengine` stays the core alone.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def outer_layer_named(module: str) -> str | None:
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
-def test_the_package_has_the_three_layers() -> None:
+def test_the_package_has_its_layers() -> None:
     layers = {layer_of(path) for path in MODULES}
-    assert {"core", "front door", "bench", "lessons"} <= layers
+    assert {"core", "front door", "bench", "lessons", "server"} <= layers
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -86,7 +87,9 @@ def test_imports_point_one_way(path: Path) -> None:
         elif layer == "front door":
             assert outer is None or not top_level, f"{path.name} imports {module} eagerly"
         elif layer == "bench":
-            assert outer != "lessons", f"bench/{path.name} imports the lessons layer ({module})"
+            assert outer not in ("lessons", "server"), f"bench/{path.name} imports {module}"
+        elif layer == "server":
+            assert outer not in ("bench", "lessons"), f"server/{path.name} imports {module}"
 
 
 def test_the_scheduler_side_knows_no_tensors() -> None:
@@ -128,7 +131,7 @@ def test_import_llmengine_loads_only_the_core() -> None:
     code = (
         "import sys, llmengine\n"
         "bad = [m for m in sys.modules if m.startswith(('llmengine.bench', 'llmengine.lessons',"
-        " 'transformers', 'matplotlib', 'pandas'))]\n"
+        " 'llmengine.server', 'fastapi', 'transformers', 'matplotlib', 'pandas'))]\n"
         "print(','.join(sorted(bad)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,0 +1,85 @@
+"""`llmengine serve` as a user runs it: a subprocess that serves, then exits 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmengine.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-cli-91d2e7a35c"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_flags_and_their_defaults() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.api_key, args.served_model_name) == (
+        "127.0.0.1",
+        8000,
+        None,
+        None,
+    )
+    args = build_parser().parse_args(
+        ["serve", "--num-blocks", "64", "--block-size", "8", "--max-num-seqs", "4",
+         "--policy", "reserve", "--preemption", "swap", "--swap-blocks", "16",
+         "--max-waiting", "3", "--served-model-name", "bard", "--port", "0"]
+    )  # fmt: skip
+    assert (args.num_blocks, args.block_size, args.max_num_seqs) == (64, 8, 4)
+    assert (args.policy, args.preemption, args.swap_blocks) == ("reserve", "swap", 16)
+    assert (args.max_waiting, args.served_model_name, args.port) == (3, "bard", 0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--num-blocks", "0"])
+
+
+def test_serve_answers_then_exits_cleanly_on_sigterm() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMENGINE_API_KEY": KEY}
+    command = [sys.executable, "-m", "llmengine", "serve", "--port", str(port)]
+    command += ["--num-blocks", "32", "--served-model-name", "bard"]
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        for _ in range(1200):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, server.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.05)
+        headers = {"Authorization": f"Bearer {KEY}"}
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()
+        assert [card["id"] for card in models["data"]] == ["bard"]
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        body = {"model": "bard", "prompt": "ROMEO:", "max_tokens": 3}
+        completion = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=10)
+        assert completion.json()["usage"]["completion_tokens"] == 3
+        server.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        output, _ = server.communicate(timeout=10)
+        assert time.monotonic() - start < 5
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    assert server.returncode == 0, output
+    assert "Application shutdown complete" in output
+    assert KEY not in output
