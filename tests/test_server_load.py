@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +28,7 @@ from server_helpers import (
 
 import llmengine
 from llmengine.sampling import SamplingParams
+from llmengine.server import create_app, serve_in_thread
 
 CLIENTS = 32
 MAX_TOKENS = 12
@@ -144,3 +147,33 @@ def test_a_stop_string_frees_the_request_before_its_budget(slow: Served) -> None
     assert result["choices"][0]["finish_reason"] == "stop"
     assert result["usage"]["completion_tokens"] < 200
     assert wait_until(lambda: holds_no_records(slow.engine), timeout=2.0)
+
+
+def test_stopping_the_server_mid_stream_ends_the_stream_and_the_engine_thread(
+    model: llmengine.Llama, tokenizer: Any
+) -> None:
+    """A stream still running when the server stops: cut after the grace period (its 200
+    tokens would take 4 s), its request aborted, the engine thread joined, no record left."""
+    engine = SlowEngine(model, num_blocks=32, block_size=16, num_slots=2)
+    app = create_app(engine, tokenizer, served_model_name=MODEL_NAME)
+    received: list[str] = []
+
+    def read(url: str) -> None:
+        body = {**LONG, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=TIMEOUT) as r:
+                received.extend(line for line in r.iter_lines() if line)
+        except httpx.HTTPError:
+            pass  # cut off by the shutdown: what this test expects
+
+    with serve_in_thread(app, shutdown_timeout=0.3) as url:
+        reader = threading.Thread(target=read, args=(url,))
+        reader.start()
+        assert wait_until(lambda: len(received) >= 2, timeout=5.0)
+        start = time.monotonic()
+    elapsed = time.monotonic() - start
+    reader.join(TIMEOUT)
+    assert not reader.is_alive()
+    assert elapsed < 3.0 and "data: [DONE]" not in received
+    assert not app.state.engine_loop.running
+    assert holds_no_records(engine)

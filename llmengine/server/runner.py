@@ -1,9 +1,13 @@
 """Running the app under uvicorn: in the foreground (`llmengine serve`), or on a thread.
 
 `serve` is the command's: it returns 0 once SIGINT or SIGTERM has shut the server down.
-uvicorn turns either signal into a graceful shutdown (the app's lifespan then stops the
-engine thread) and re-raises it afterwards, which would kill the process with the signal;
-a no-op handler installed for the duration makes that re-raise harmless.
+uvicorn turns either signal into a graceful shutdown and re-raises it afterwards, which
+would kill the process with the signal; a no-op handler installed for the duration makes
+that re-raise harmless.
+
+A shutdown stops taking connections, gives the requests in flight up to `shutdown_timeout`
+seconds to finish, then cancels them (their engine requests are aborted), and last the
+app's lifespan stops and joins the engine thread.
 
 `serve_in_thread` is for tests, lessons and benchmarks: a real server on a background thread.
 
@@ -27,17 +31,30 @@ from typing import Any
 
 import uvicorn
 
+SHUTDOWN_TIMEOUT = 5.0
+
 
 @contextmanager
 def serve_in_thread(
-    app: Any, *, host: str = "127.0.0.1", start_timeout: float = 30.0, log_level: str = "warning"
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    start_timeout: float = 30.0,
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
+    log_level: str = "warning",
 ) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free port of `host`; yields the base URL."""
+    """Serve `app` with uvicorn on a free port of `host`; yields the base URL.
+
+    RuntimeError if it has not started within `start_timeout` seconds.
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    config = uvicorn.Config(
+        app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=shutdown_timeout
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True
     )
@@ -51,13 +68,23 @@ def serve_in_thread(
         yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
-        thread.join(start_timeout)
+        thread.join(shutdown_timeout + start_timeout)
         sock.close()
 
 
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
+    log_level: str = "info",
+) -> int:
     """Serve `app` until SIGINT or SIGTERM; 0 after a clean shutdown."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout
+    )
+    server = uvicorn.Server(config)
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, _already_shutting_down) for sig in handled}
     try:
