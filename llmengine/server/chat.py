@@ -62,15 +62,23 @@ class ChatFormatter:
             self._template = environment.from_string(template)
 
     def token_ids(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """The prompt of `messages` (role, text pairs), ready for the engine."""
+        """The prompt of `messages` (role, text pairs), ready for the engine.
+
+        ValueError when the template refuses them (its `raise_exception`) or fails.
+        """
         if self._template is None:
             return list(self.tokenizer.encode(plain_prompt(messages)))
-        text = self._template.render(
-            messages=[{"role": role, "content": content} for role, content in messages],
-            add_generation_prompt=True,
-            bos_token=getattr(self.tokenizer, "bos_token", None) or "",
-            eos_token=getattr(self.tokenizer, "eos_token", None) or "",
-        )
+        from jinja2 import TemplateError
+
+        try:
+            text = self._template.render(
+                messages=[{"role": role, "content": content} for role, content in messages],
+                add_generation_prompt=True,
+                bos_token=getattr(self.tokenizer, "bos_token", None) or "",
+                eos_token=getattr(self.tokenizer, "eos_token", None) or "",
+            )
+        except TemplateError as error:
+            raise ValueError(f"the chat template failed: {error}") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
