@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from llmengine.params import SamplingParams
 
 MAX_LOGPROBS = 20
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
 MAX_N = 64
 
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
@@ -93,7 +94,7 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[Text], Field(min_length=1)]
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    max_tokens: Annotated[int, Field(ge=1)] | None = DEFAULT_COMPLETION_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Literal[False] = False
 

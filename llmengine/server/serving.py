@@ -26,7 +26,12 @@ from llmengine.server.chat import ChatFormatter
 from llmengine.server.choices import ChoiceRun, Delta, TokenLogprob
 from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull
 from llmengine.server.errors import APIError, bad_request
-from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from llmengine.server.protocol import (
+    DEFAULT_COMPLETION_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
 from llmengine.server.streaming import (
     ClientGone,
     EventStreamResponse,
@@ -115,7 +120,7 @@ class Serving:
                 for sample in range(body.n):
                     engine_prompts.append(prompt)
                     params.append(body.sampling_params(budget, sample, k))
-        except (ValueError, TypeError) as error:
+        except ValueError as error:
             raise bad_request(str(error)) from None
         return engine_prompts, params
 
@@ -139,7 +144,7 @@ class Serving:
     async def completions(self, body: CompletionRequest, receive: Receive) -> Response:
         self.check_model(body.model)
         prompts = [self._encode(prompt) for prompt in body.prompts()]
-        max_tokens = body.max_tokens or 16
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
         engine_prompts, params = self.sampling(
             body, prompts, [max_tokens] * len(prompts), body.logprobs
         )
