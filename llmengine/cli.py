@@ -302,8 +302,9 @@ def add_serve(subparsers: Subparsers) -> None:
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
     )  # fmt: skip
     parser.add_argument(
-        "--max-waiting", type=_non_negative_int, default=256, metavar="W",
-        help="most requests queued for a slot; more get HTTP 429 (default 256)",
+        "--max-waiting", type=_positive_int, default=256, metavar="W",
+        help="most requests queued for a slot, new ones included; more get HTTP 429 "
+        "(default 256)",
     )  # fmt: skip
     parser.add_argument(
         "--api-key", default=None, metavar="KEY",

@@ -177,3 +177,12 @@ def test_stopping_the_server_mid_stream_ends_the_stream_and_the_engine_thread(
     assert elapsed < 3.0 and "data: [DONE]" not in received
     assert not app.state.engine_loop.running
     assert holds_no_records(engine)
+
+
+def test_an_idle_engine_thread_blocks_instead_of_spinning(slow: Served) -> None:
+    """Half a second with nothing to do costs the process (almost) no CPU time."""
+    assert wait_until(lambda: holds_no_records(slow.engine))
+    iteration, cpu = slow.engine.iteration, time.process_time()
+    time.sleep(0.5)
+    assert time.process_time() - cpu < 0.1
+    assert slow.engine.iteration == iteration

@@ -46,7 +46,8 @@ def create_app(
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
 
-    `max_waiting`: the most engine requests queued for a slot before new ones get 429.
+    `max_waiting`: the most engine requests waiting for a slot, the arriving ones included
+    (each of a request's `n` samples counts), before a request gets 429.
     `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
     plain one. The app owns the engine from its startup to its shutdown: nothing else may
     step it meanwhile. `app.state.engine_loop` and `app.state.metrics` are there to inspect.

@@ -112,6 +112,7 @@ class EngineLoop:
         self._commands.put(_STOP)
         self._thread.join(timeout)
         self._thread = None
+        self._refuse_pending()  # an add that slipped in as the thread ended
 
     @property
     def running(self) -> bool:
@@ -123,9 +124,9 @@ class EngineLoop:
         """Queue one engine request per prompt: their ids, and the queue their events arrive on.
 
         Events are `TokenEvent`s in the order the engine produced them, or an `EngineStopped`
-        if the loop ends first.
-        All or none: ValueError (the engine's refusal) or QueueFull leaves nothing queued.
-        If the caller is cancelled while the engine thread adds, the requests are aborted.
+        if the loop ends first. All or none: ValueError (the engine's refusal) or QueueFull
+        leaves nothing queued. If the caller is cancelled while the engine thread adds, the
+        requests are aborted.
         """
         if not self.running:
             raise EngineStopped("the engine is not running")
@@ -158,6 +159,7 @@ class EngineLoop:
             while command is not None:
                 if command is _STOP:
                     self._abort_all(EngineStopped("the server is shutting down"))
+                    self._refuse_pending()
                     return
                 self._handle(command)
                 try:
@@ -243,6 +245,16 @@ class EngineLoop:
             except (KeyError, ValueError):  # a step that failed half-way: forget it anyway
                 self._sinks.pop(request_id, None)
         self._publish()
+
+    def _refuse_pending(self) -> None:
+        """Fail every add still queued, so that no caller waits for a thread that has ended."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add) and command.future.set_running_or_notify_cancel():
+                command.future.set_exception(EngineStopped("the server is shutting down"))
 
     def _publish(self) -> None:
         scheduler = self.engine.scheduler
