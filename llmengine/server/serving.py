@@ -181,7 +181,8 @@ class Serving:
             )
         engine_prompts, params = self.sampling(body, [prompt], [max_tokens], body.num_logprobs)
         run = await self.start(body, engine_prompts, params)
-        shaper = _Shaper("chatcmpl", "chat.completion", self.served_model_name)
+        kind = "chat.completion.chunk" if body.stream else "chat.completion"
+        shaper = _Shaper("chatcmpl", kind, self.served_model_name)
 
         def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
             logprobs_field = None if logprobs is None else chat_logprobs(logprobs)
@@ -201,7 +202,6 @@ class Serving:
             }
 
         if body.stream:
-            shaper.object = "chat.completion.chunk"
             chunks = _stream(run, shaper, body, len(prompt), choice, body.logprobs, chat=True)
             return EventStreamResponse(chunks, run.close)
         return await _collect(run, shaper, receive, len(prompt), choice, body.logprobs)
