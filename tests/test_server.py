@@ -297,3 +297,27 @@ def test_metrics_count_the_tokens_and_show_the_pool(server: Served, tokenizer: A
         "llmengine_preemptions_total": 0,
     }
     assert after["llmengine_requests_running"] == after["llmengine_requests_waiting"] == 0
+
+
+def test_chat_with_n_streams_every_choice_with_its_role_first(server: Served) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Speak."}],
+        "max_completion_tokens": 6,
+        "temperature": 0,
+        "n": 2,
+    }
+    whole = server.post("/v1/chat/completions", body).json()
+    texts = [choice["message"]["content"] for choice in whole["choices"]]
+    assert len(texts) == 2 and texts[0] == texts[1]  # greedy: both samples agree
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+    ) as response:
+        chunks = sse_payloads(response.iter_lines())
+    roles = [c["choices"][0]["delta"].get("role") for c in chunks]
+    assert roles[:2] == ["assistant", "assistant"] and not any(roles[2:])
+    joined = ["", ""]
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        joined[choice["index"]] += choice["delta"].get("content", "")
+    assert joined == texts

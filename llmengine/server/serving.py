@@ -279,12 +279,10 @@ async def _stream(
     """The response as SSE chunks; with include_usage, a last chunk with only the usage."""
     extra = {"usage": None} if body.include_usage else {}
     if chat:  # the first chunk of every chat choice names the role
-        roles = [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-             "finish_reason": None}
-            for i in range(run.num_choices)
-        ]  # fmt: skip
-        yield sse_event(shaper.wrap(roles, **extra))
+        for i in range(run.num_choices):
+            role = {"role": "assistant", "content": ""}
+            first = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
+            yield sse_event(shaper.wrap([first], **extra))
     try:
         async for delta in run.deltas():
             shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
