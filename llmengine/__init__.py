@@ -24,6 +24,7 @@ from llmengine.loader import load_model as load_model
 from llmengine.model import AttentionHook as AttentionHook
 from llmengine.model import Llama as Llama
 from llmengine.outcome import IterationOutcome as IterationOutcome
+from llmengine.outcome import TokenLogprobs as TokenLogprobs
 from llmengine.paged_cache import PagedKVCache as PagedKVCache
 from llmengine.paged_cache import PagedRow as PagedRow
 from llmengine.paged_cache import paged_forward as paged_forward

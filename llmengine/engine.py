@@ -18,10 +18,10 @@ import torch
 
 from llmengine.blocks import blocks_for_length
 from llmengine.model import Llama
-from llmengine.outcome import IterationOutcome
+from llmengine.outcome import IterationOutcome, TokenLogprobs
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.request import Request, RequestState
-from llmengine.sampling import SamplingParams, make_generator, sample_tokens
+from llmengine.sampling import SamplingParams, make_generator, sample_tokens, token_logprobs
 from llmengine.scheduler import ScheduledRow, Scheduler, SchedulerOutput
 
 
@@ -235,23 +235,34 @@ class Engine:
         for row in decision.rows:
             self.slot_owners[row.request.slot] = row.request.request_id
         logits = paged_forward(self.model, self.cache, [paged_row(row) for row in decision.rows])
-        tokens = self._sample(decision.rows, logits)
+        tokens, logprobs = self._sample(decision.rows, logits)
         finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
         for request in finished:
             del self._generators[request.request_id]
         outcome = self._outcome(decision, tokens, finished)
+        outcome.logprobs = logprobs
         self.iteration += 1
         return outcome
 
-    def _sample(self, rows: list[ScheduledRow], logits: torch.Tensor) -> dict[int, int]:
-        """One token per row, each from its own request's parameters and generator."""
+    def _sample(
+        self, rows: list[ScheduledRow], logits: torch.Tensor
+    ) -> tuple[dict[int, int], dict[int, TokenLogprobs]]:
+        """One token per row, each from its own request's parameters, history and generator,
+        and the log-probabilities of those whose request asked for them."""
         requests = [row.request for row in rows]
         sampled = sample_tokens(
             logits,
             [request.params for request in requests],
             [self._generators[request.request_id] for request in requests],
+            [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
         )
-        return {request.request_id: t for request, t in zip(requests, sampled, strict=True)}
+        logprobs = {
+            request.request_id: token_logprobs(logits[row], token, request.params.logprobs)
+            for row, (request, token) in enumerate(zip(requests, sampled, strict=True))
+            if request.params.logprobs is not None
+        }
+        tokens = {request.request_id: t for request, t in zip(requests, sampled, strict=True)}
+        return tokens, logprobs
 
     def _outcome(
         self, decision: SchedulerOutput, tokens: dict[int, int], finished: list[Request]

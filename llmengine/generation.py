@@ -49,7 +49,8 @@ def generate_tokens(
         while True:
             input_ids = torch.tensor([sequence], dtype=torch.long, device=device)
             last_logits = model(input_ids)[:, -1, :]
-            token = sample_tokens(last_logits, [params], [generator])[0]
+            history = (sequence, len(prompt_ids))
+            token = sample_tokens(last_logits, [params], [generator], [history])[0]
             generated.append(token)
             sequence.append(token)
             if finish_reason(params, len(generated), token, eos) is not None:

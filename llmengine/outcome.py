@@ -9,6 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """The log-probability of one sampled token and of the most likely tokens at its position.
+
+    Log-probabilities are the log-softmax of the model's raw logits, before penalties and
+    temperature (as vLLM's V1 reports them by default): what the model thinks, not what the
+    sampler drew from. `top` holds the request's `logprobs` most likely tokens, most likely
+    first, ties in vocabulary order; it is empty when the request asked for 0.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class IterationOutcome:
     """One scheduling decision and the one forward that followed it.
@@ -38,10 +53,13 @@ class IterationOutcome:
     count the blocks copied each way before the forward, each `bytes_per_block` bytes;
     `held_swap_blocks` of `num_swap_blocks` host blocks were booked once the step was
     decided.
+
+    `logprobs` has a `TokenLogprobs` for the token of every row whose request asked for them.
     """
 
     iteration: int
     tokens: dict[int, int] = field(default_factory=dict)
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
     swapped_out: list[int] = field(default_factory=list)

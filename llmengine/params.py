@@ -13,10 +13,15 @@ from typing import Literal
 
 FinishReason = Literal["length", "stop", "eos"]
 _MAX_SEED = 2**64 - 1
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for, as in OpenAI's API
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,12 @@ class SamplingParams:
     - `seed`: draw from a private generator seeded with this, for reproducible samples.
     - `stop_token_ids`: tokens that finish the request (the token is kept in the output).
     - `ignore_eos`: keep going past the model's end-of-sequence tokens.
+    - `presence_penalty`, `frequency_penalty` (in [-2, 2]): subtracted from the logit of every
+      token already generated, once, or once per occurrence (OpenAI's definitions).
+    - `repetition_penalty` (> 0, 1 is off): divides a positive logit, multiplies a negative
+      one, of every token in the prompt or the output (vLLM's and transformers' definition).
+    - `logprobs`: None, or k in [0, 20]: report the sampled token's log-probability and the k
+      most likely alternatives at every position.
     """
 
     max_tokens: int = 16
@@ -39,6 +50,10 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -57,6 +72,28 @@ class SamplingParams:
         if not all(_is_int(token) and token >= 0 for token in stop):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {stop!r}")
         object.__setattr__(self, "stop_token_ids", stop)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(
+                "repetition_penalty must be a number > 0 (1 is off), "
+                f"got {self.repetition_penalty!r}"
+            )
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(
+                f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any penalty changes the logits before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
     @property
     def greedy(self) -> bool:

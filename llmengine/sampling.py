@@ -12,15 +12,23 @@ from collections.abc import Sequence
 
 import torch
 
+from llmengine.outcome import TokenLogprobs
 from llmengine.params import FinishReason, SamplingParams, finish_reason
+
+# One row's tokens so far and how many of them are the prompt: what a penalty looks at.
+History = tuple[Sequence[int], int]
 
 __all__ = [
     "FinishReason",
+    "History",
     "SamplingParams",
+    "TokenLogprobs",
+    "apply_penalties",
     "candidate_distribution",
     "finish_reason",
     "make_generator",
     "sample_tokens",
+    "token_logprobs",
 ]
 
 
@@ -33,6 +41,46 @@ def make_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(params.seed)
     return generator
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, history: History) -> torch.Tensor:
+    """One row of logits with the request's penalties applied (a new tensor; the input is kept).
+
+    `history` is the row's tokens so far (prompt first) and the prompt's length. The repetition
+    penalty comes first and looks at prompt and output alike: a positive logit is divided by
+    it and a negative one multiplied, so either way the token becomes less likely. Frequency
+    and presence penalties look at the output only, as in OpenAI's API: each subtracts from a
+    generated token's logit, once per occurrence or once at all. Rows with no penalty are
+    returned unchanged, so they sample exactly as before.
+    """
+    if not params.has_penalties:
+        return logits
+    token_ids, num_prompt_tokens = history
+    penalised = logits.float().clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(token_ids)), dtype=torch.long, device=logits.device)
+        values = penalised[seen]
+        penalised[seen] = torch.where(
+            values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+        )
+    output = token_ids[num_prompt_tokens:]
+    if output and (params.frequency_penalty or params.presence_penalty):
+        ids = torch.tensor(list(output), dtype=torch.long, device=logits.device)
+        counts = torch.bincount(ids, minlength=penalised.shape[-1]).to(penalised.dtype)
+        penalised -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return penalised
+
+
+def token_logprobs(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
+    """The log-probability of `token_id` under one row of raw logits, and the top `k` tokens.
+
+    The log-softmax is of the raw logits, before penalties and temperature; the top tokens are
+    sorted stably, so ties keep vocabulary order.
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top_values, top_ids = torch.sort(logprobs, descending=True, stable=True)
+    top = tuple(zip(top_ids[:k].tolist(), top_values[:k].tolist(), strict=True))
+    return TokenLogprobs(token_id=token_id, logprob=float(logprobs[token_id]), top=top)
 
 
 def candidate_distribution(
@@ -72,10 +120,12 @@ def sample_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    histories: Sequence[History] | None = None,
 ) -> list[int]:
     """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`.
 
-    Greedy rows take the argmax together; the others are sampled one by one, each with its
+    Greedy rows without penalties take the argmax together; the others are penalised (from
+    `histories[i]`, needed when any row has a penalty) and sampled one by one, each with its
     own generator, so no row's draw depends on another row's.
     """
     if logits.dim() != 2:
@@ -85,8 +135,17 @@ def sample_tokens(
         raise ValueError(
             f"{rows} rows of logits but {len(params)} params and {len(generators)} generators"
         )
+    if histories is None and any(row_params.has_penalties for row_params in params):
+        raise ValueError("a row has penalties, so sample_tokens needs every row's history")
     tokens = logits.argmax(dim=-1).tolist()
     for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
-        if not row_params.greedy:
-            tokens[row] = _sample_row(logits[row], row_params, generator)
+        if row_params.greedy and not row_params.has_penalties:
+            continue
+        row_logits = logits[row]
+        if row_params.has_penalties:
+            row_logits = apply_penalties(row_logits, row_params, histories[row])
+        if row_params.greedy:
+            tokens[row] = int(row_logits.argmax().item())
+        else:
+            tokens[row] = _sample_row(row_logits, row_params, generator)
     return tokens

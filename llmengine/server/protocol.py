@@ -16,9 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from llmengine.params import SamplingParams
+from llmengine.params import MAX_LOGPROBS, SamplingParams
 
-MAX_LOGPROBS = 20
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
 MAX_N = 64
 
