@@ -53,11 +53,6 @@ def params_for(index: int) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
-@pytest.fixture(scope="module")
 def workload() -> list[RequestSpec]:
     tokenizer = llmengine.load_tokenizer()
     prompts = [tokenizer.encode(f"{s}:\n{o}") for o in OPENINGS for s in SPEAKERS]

@@ -33,11 +33,6 @@ RULES = {str(blocks): blocks for blocks in range(5)} | {"vLLM 1%": vllm_watermar
 MIXED_SLOTS, MIXED_BLOCK = 6, 4
 
 
-@pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def mixed(model: llmengine.Llama) -> list:
     return poisson_arrivals(
         mixed_workload(

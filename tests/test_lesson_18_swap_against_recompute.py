@@ -48,11 +48,6 @@ MACHINES = [(H100_SXM, PCIE5_X16), (H100_SXM, PCIE4_X16), (A100_SXM, PCIE4_X16)]
 REAL_MODELS = [LLAMA_3_2_1B.config, LLAMA_3_1_8B.config]
 
 
-@pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def day34_sweep(model: llmengine.Llama, pools: list[int], **mode: object) -> list[PoolResult]:
     burst = uniform_burst(
         seeds.DAY34_REQUESTS,

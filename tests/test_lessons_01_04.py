@@ -34,11 +34,6 @@ PROMPT = "ROMEO:\nBut soft, what light through yonder window"
 
 
 @pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
-@pytest.fixture(scope="module")
 def tokenizer():
     return llmengine.load_tokenizer()
 

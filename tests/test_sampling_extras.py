@@ -17,11 +17,6 @@ from llmengine.sampling import SamplingParams, apply_penalties, sample_tokens, t
 LOGITS = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0])
 
 
-@pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
     params = SamplingParams(repetition_penalty=2.0)
     history = ([0, 1], 1)  # token 0 only in the prompt, token 1 in the output

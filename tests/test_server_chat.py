@@ -22,11 +22,6 @@ MESSAGES = [("system", "Be brief."), ("user", "Who art thou?")]
 RENDERED = "<|endoftext|>[system] Be brief.\n[user] Who art thou?\n[assistant] "
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llmengine.load_tokenizer()
-
-
 def checkpoint_config(folder: Path, config: dict[str, Any]) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder

@@ -30,16 +30,6 @@ NUM_BLOCKS, BLOCK_SIZE = 16, 16  # 256 tokens: less than the model's 512 positio
 
 
 @pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llmengine.load_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def server(model: llmengine.Llama, tokenizer: Any) -> Iterator[Served]:
     engine = llmengine.Engine(model, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, num_slots=4)
     with served(engine, tokenizer) as running:

@@ -34,16 +34,6 @@ CLIENTS = 32
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llmengine.load_tokenizer()
-
-
 def prompts() -> list[str]:
     names = ["ROMEO", "JULIET", "HAMLET", "KING LEAR", "PORTIA", "IAGO", "PUCK", "VIOLA"]
     openings = ["", "O, ", "Good my lord, ", "What is"]

@@ -52,11 +52,6 @@ class FakeLoop:
         self.aborted.extend(request_ids)
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return llmengine.load_tokenizer()
-
-
 def run_choice(tokenizer: Any, texts: list[str], stop: tuple[str, ...] = ()) -> tuple:
     """Deltas of one choice whose tokens spell `texts`, each with made-up logprobs."""
     ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
@@ -104,11 +99,6 @@ def test_a_stop_string_ends_the_choice_and_aborts_its_request(tokenizer: Any) ->
 
 
 # -- end to end, once the sampler reports logprobs and applies penalties ---------------------
-
-
-@pytest.fixture(scope="module")
-def model() -> llmengine.Llama:
-    return llmengine.load_model()
 
 
 @pytest.fixture(scope="module")
