@@ -11,6 +11,7 @@ bench layer) is imported inside their handlers, so that `--help` and errors stay
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,8 @@ Subparsers = argparse._SubParsersAction  # argparse exposes no public name for t
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a filter cut off
 BLOCK_SIZE = 16  # tokens per KV block for `generate`: the engine's default
+DEFAULT_BENCH_TIMEOUT_S = 300.0  # most seconds one request of `bench --url` may take
+URL_PROMPT_VOCAB = 1000  # `bench --url` prompt ids: below any Llama vocabulary's size
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +154,34 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+LOCAL_BENCH_OPTIONS = ("slots", "block_size", "pools")
+URL_BENCH_OPTIONS = (
+    "url", "request_rate", "request_rates", "slo_ttft_ms", "slo_tpot_ms", "timeout", "api_key",
+    "plot",
+)  # fmt: skip
+
+
 def _run_bench(args: argparse.Namespace) -> int:
+    """`bench` against a URL drives a server; without one it sweeps local pool sizes."""
+    return _run_bench_url(args) if args.url else _run_bench_pools(args)
+
+
+def _check_bench_options(
+    args: argparse.Namespace, needed: Sequence[str], refused: Sequence[str]
+) -> None:
+    """A clear error for a bench option missing in this mode, or one that means nothing here."""
+    mode = "with --url" if args.url else "without --url"
+    missing = [name for name in needed if getattr(args, name) is None]
+    if missing:
+        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+        raise ValueError(f"{flags} required {mode}")
+    given = [name for name in refused if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags} not used {mode}")
+
+
+def _run_bench_pools(args: argparse.Namespace) -> int:
     """Run the uniform burst through one engine per pool size and print one row per pool."""
     import json
 
@@ -160,7 +190,11 @@ def _run_bench(args: argparse.Namespace) -> int:
     from llmengine.bench.report import format_csv, format_table, sweep_summary
     from llmengine.bench.workloads import uniform_burst
 
-    model = llmengine.load_model(args.model)
+    _check_bench_options(args, LOCAL_BENCH_OPTIONS, URL_BENCH_OPTIONS)
+    policy = args.policy or "incremental"
+    preemption = args.preemption or "recompute"
+    swap_blocks = args.swap_blocks or 0
+    model = llmengine.load_model(None if args.model is None else Path(args.model))
     workload = uniform_burst(
         args.requests, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
     )
@@ -171,9 +205,9 @@ def _run_bench(args: argparse.Namespace) -> int:
             args.pools,
             block_size=args.block_size,
             num_slots=args.slots,
-            policy=args.policy,
-            preemption=args.preemption,
-            swap_blocks=args.swap_blocks,
+            policy=policy,
+            preemption=preemption,
+            swap_blocks=swap_blocks,
             progress=sys.stderr.isatty(),
         )
     except DivergentOutputError as error:
@@ -185,23 +219,108 @@ def _run_bench(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         print(format_csv(summaries), end="")
     else:
-        swap = f", swap ({args.swap_blocks} host blocks)" if args.preemption == "swap" else ""
+        swap = f", swap ({swap_blocks} host blocks)" if preemption == "swap" else ""
         print(
             f"{args.requests} requests arriving together, {args.prompt_len}-token prompts, "
             f"{args.max_tokens} tokens each; {args.slots} slots, block size {args.block_size}, "
-            f"policy {args.policy}{swap}; latencies in iterations"
+            f"policy {policy}{swap}; latencies in iterations"
         )
         print(format_table(summaries))
     return 0
 
 
+def _run_bench_url(args: argparse.Namespace) -> int:
+    """Stream the uniform burst from a server, at each offered rate, and print the latencies.
+
+    Exit status 1 when any request failed (the report, with the reasons, is printed anyway).
+    """
+    import json
+    import os
+
+    from llmengine.bench.http_client import run_over_http, served_model
+    from llmengine.bench.serving_report import (
+        format_run_csv,
+        format_run_table,
+        plot_latency_throughput,
+        run_summary,
+    )
+    from llmengine.bench.workloads import poisson_arrivals, uniform_burst
+
+    _check_bench_options(args, (), [*LOCAL_BENCH_OPTIONS, "policy", "preemption", "swap_blocks"])
+    if args.request_rate is not None and args.request_rates is not None:
+        raise ValueError("give --request-rate or --request-rates, not both")
+    timeout = args.timeout or DEFAULT_BENCH_TIMEOUT_S
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
+    model = args.model or served_model(args.url, timeout=timeout, api_key=api_key)
+    sweep = args.request_rates is not None
+    rates = args.request_rates if sweep else [args.request_rate or math.inf]
+    burst = uniform_burst(
+        args.requests, args.prompt_len, args.max_tokens, vocab_size=args.vocab_size, seed=args.seed
+    )
+    summaries = []
+    for rate in rates:
+        workload = burst if math.isinf(rate) else poisson_arrivals(burst, rate, seed=args.seed)
+        run = run_over_http(
+            args.url, model, workload, timeout=timeout, api_key=api_key,
+            progress=sys.stderr.isatty(),
+        )  # fmt: skip
+        summaries.append(
+            run_summary(
+                run, request_rate=rate, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms
+            )
+        )
+    if args.plot is not None:
+        plot_latency_throughput(summaries, args.plot)
+    if args.format == "json":
+        print(json.dumps(summaries if sweep else summaries[0], indent=2))
+    elif args.format == "csv":
+        print(format_run_csv(summaries), end="")
+    else:
+        arrivals = "Poisson arrivals" if sweep or args.request_rate else "arriving together"
+        print(
+            f"{args.url}, model {model}: {args.requests} requests, {arrivals}, "
+            f"{args.prompt_len}-token prompts, {args.max_tokens} tokens each; latencies in ms"
+        )
+        print(format_run_table(summaries))
+    return 1 if any(summary["failed"] for summary in summaries) else 0
+
+
+def _rate(text: str) -> float:
+    """An argparse type: requests per second, a positive number or `inf` (all at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected requests per second, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    """An argparse type: comma-separated request rates, e.g. 1,2,4,8."""
+    return [_rate(part.strip()) for part in text.split(",")]
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def add_bench(subparsers: Subparsers) -> None:
-    """`llmengine bench`: the same burst of requests through several KV pool sizes."""
+    """`llmengine bench`: a burst through several KV pool sizes, or against a server's URL."""
     parser = subparsers.add_parser(
         "bench",
-        help="run a burst of requests through several pool sizes",
-        description="Run N requests arriving together (greedy, no early stop) through one "
-        "engine per pool size and print occupancy, preemptions and the recompute bill.",
+        help="run a burst of requests through several pool sizes, or against a server",
+        description="Without --url: run N requests arriving together (greedy, no early stop) "
+        "through one engine per pool size and print occupancy, preemptions and the recompute "
+        "bill. With --url: stream the same requests from an OpenAI-compatible server, all at "
+        "once or as Poisson arrivals, and print latency percentiles and throughput.",
     )
     parser.add_argument("--requests", type=_positive_int, required=True, metavar="N")
     parser.add_argument(
@@ -212,27 +331,79 @@ def add_bench(subparsers: Subparsers) -> None:
         help="tokens each request generates",
     )  # fmt: skip
     parser.add_argument(
-        "--slots", type=_positive_int, required=True, metavar="S",
+        "--model", default=None, metavar="DIR|NAME",
+        help="without --url: the checkpoint folder (default: the embedded model); with --url: "
+        "the model name to ask for (default: the first one the server lists)",
+    )  # fmt: skip
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    local = parser.add_argument_group("a local pool sweep (without --url)")
+    local.add_argument(
+        "--slots", type=_positive_int, default=None, metavar="S",
         help="most requests in one forward",
     )  # fmt: skip
-    parser.add_argument(
-        "--block-size", type=_positive_int, required=True, metavar="B", help="tokens per block"
+    local.add_argument(
+        "--block-size", type=_positive_int, default=None, metavar="B", help="tokens per block"
     )
-    parser.add_argument(
-        "--pools", type=_pool_sizes, required=True, metavar="48,32,24",
+    local.add_argument(
+        "--pools", type=_pool_sizes, default=None, metavar="48,32,24",
         help="pool sizes in blocks, comma-separated",
     )  # fmt: skip
-    parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
-    parser.add_argument(
-        "--preemption", choices=("recompute", "swap"), default="recompute",
-        help="what evicting a request does with its K/V: throw it away, or copy it to host memory",
+    local.add_argument(
+        "--policy", choices=("incremental", "reserve"), default=None,
+        help="how blocks are bought (default incremental)",
     )  # fmt: skip
-    parser.add_argument(
-        "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
+    local.add_argument(
+        "--preemption", choices=("recompute", "swap"), default=None,
+        help="what evicting a request does with its K/V: throw it away (default), or copy it "
+        "to host memory",
+    )  # fmt: skip
+    local.add_argument(
+        "--swap-blocks", type=_non_negative_int, default=None, metavar="N",
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
     )  # fmt: skip
-    add_model_argument(parser)
-    parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    remote = parser.add_argument_group("a server (with --url)")
+    remote.add_argument(
+        "--url", default=None, metavar="http://HOST:PORT/v1",
+        help="an OpenAI-compatible server's API root",
+    )  # fmt: skip
+    remote.add_argument(
+        "--request-rate", type=_rate, default=None, metavar="R",
+        help="Poisson arrivals at R requests/s (default: all at once)",
+    )  # fmt: skip
+    remote.add_argument(
+        "--request-rates", type=_rates, default=None, metavar="1,2,4,8",
+        help="one run per rate: the latency-throughput curve",
+    )  # fmt: skip
+    remote.add_argument(
+        "--seed", type=_non_negative_int, default=0, metavar="S",
+        help="seed of the prompts and of the arrival times (default 0)",
+    )  # fmt: skip
+    remote.add_argument(
+        "--vocab-size", type=_positive_int, default=URL_PROMPT_VOCAB, metavar="V",
+        help=f"prompt token ids are drawn below V (default {URL_PROMPT_VOCAB}: ids every "
+        "Llama tokenizer has)",
+    )  # fmt: skip
+    remote.add_argument(
+        "--slo-ttft-ms", type=_positive_float, default=None, metavar="MS",
+        help="goodput counts requests whose first token came within MS",
+    )  # fmt: skip
+    remote.add_argument(
+        "--slo-tpot-ms", type=_positive_float, default=None, metavar="MS",
+        help="goodput counts requests whose time per output token is within MS",
+    )  # fmt: skip
+    remote.add_argument(
+        "--timeout", type=_positive_float, default=None, metavar="S",
+        help="most seconds one request may take, and any connect or read "
+        f"(default {DEFAULT_BENCH_TIMEOUT_S:g})",
+    )  # fmt: skip
+    remote.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help="sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY, or none)",
+    )  # fmt: skip
+    remote.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE",
+        help="draw the latency-throughput curve to FILE (needs matplotlib)",
+    )  # fmt: skip
     parser.set_defaults(handler=_run_bench)
 
 

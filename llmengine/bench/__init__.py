@@ -3,6 +3,7 @@
 It drives engines through their public interface and reads their `IterationOutcome`s, never
 their internals: workloads (`workloads`), clocks and timing (`clocks`, `timing`), the pool
 sweep (`batchbench`) and its report (`report`), the static-batching baseline (`static_batch`),
-the decode-step benchmark (`decode_step`) and the comparison with transformers (`throughput`).
+the decode-step benchmark (`decode_step`), the comparison with transformers (`throughput`),
+and batchbench over HTTP against any OpenAI-compatible server (`http_client`, `serving_report`).
 Nothing here imports the lessons layer.
 """
