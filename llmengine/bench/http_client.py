@@ -18,6 +18,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,11 +193,20 @@ def run_over_http(
     """Stream every request of `workload` from the server at `url` (ending in /v1).
 
     Arrivals are seconds after the run starts. `timeout` bounds each request from when it
-    is sent to its last byte, and also each connect and read.
+    is sent to its last byte, and also each connect and read. Works from inside a running
+    event loop too (a notebook), on a thread of its own.
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
-    return asyncio.run(_run(url.rstrip("/"), model, workload, timeout, api_key, progress))
+    run = _run(url.rstrip("/"), model, workload, timeout, api_key, progress)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no event loop here, so run one
+        return asyncio.run(run)
+    # Called from code that already runs an event loop (a notebook kernel does): asyncio
+    # cannot nest loops, so the run gets its own loop on a thread of its own.
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(asyncio.run, run).result()
 
 
 def served_model(url: str, *, timeout: float = 10.0, api_key: str | None = None) -> str:

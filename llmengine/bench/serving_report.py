@@ -161,7 +161,7 @@ def plot_latency_throughput(summaries: Sequence[dict[str, Any]], path: Path | No
 
     points = [summary for summary in summaries if summary["completed"]]
     throughput = [summary["output_token_throughput"] for summary in points]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     for ax, name, title in zip(
         axes, ("ttft_ms", "tpot_ms"), ("time to first token", "time per output token"),
         strict=True,
@@ -178,7 +178,6 @@ def plot_latency_throughput(summaries: Sequence[dict[str, Any]], path: Path | No
         ax.set_ylabel("milliseconds")
         ax.set_title(title)
         ax.legend()
-    fig.tight_layout()
     if path is not None:
         fig.savefig(path, metadata={"Software": None})
     return fig
