@@ -326,6 +326,27 @@ def test_nobody_listening_fails_every_request_fast() -> None:
         served_model(url, timeout=5)
 
 
+BAD_URLS = [
+    "localhost:8000/v1", "http:///v1", "http://[::1/v1", "http://127.0.0.1:99999/v1",
+    "ftp://example.com/v1", "nonsense",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_url_that_names_no_server_is_a_value_error(url: str) -> None:
+    with pytest.raises(ValueError, match="URL"):
+        run_over_http(url, STUB_MODEL, burst(1), timeout=5)
+    with pytest.raises(ValueError, match="URL"):
+        served_model(url, timeout=5)
+
+
+def test_a_trailing_slash_is_the_same_api_root() -> None:
+    with stub_server(streaming(0.0, 0.0)) as stub:
+        assert served_model(f"{stub.url}/") == STUB_MODEL
+        run = run_over_http(f"{stub.url}/", STUB_MODEL, burst(1), timeout=10)
+    assert run.records[0].ok, run.records[0].error
+
+
 def test_a_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="timeout must be positive"):
         run_over_http("http://127.0.0.1:1/v1", STUB_MODEL, burst(1), timeout=0)
@@ -565,6 +586,16 @@ def test_nobody_listening_exits_2_naming_the_models_list(
 ) -> None:
     status, _, err = bench(capsys, f"http://127.0.0.1:{free_port()}/v1", *SHAPE, "--timeout", "5")
     assert status == 2 and "cannot list the models" in err
+
+
+@pytest.mark.parametrize("model", [[], ["--model", "m"]], ids=["listed", "named"])
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_bad_url_exits_2_with_a_message(
+    url: str, model: list[str], no_env_key: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = bench(capsys, url, *SHAPE, *model, "--timeout", "5")
+    assert status == 2 and err.startswith("llmengine bench: error: not ")
+    assert url in err
 
 
 def test_the_api_key_is_sent_as_a_bearer_token(
