@@ -123,7 +123,9 @@ def sse(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream")
 
 
-async def chunks_at(texts: Sequence[str], delays: Sequence[float], usage: int | None):
+async def chunks_at(
+    texts: Sequence[str], delays: Sequence[float], usage: int | None
+) -> AsyncIterator[bytes]:
     """Each text after its delay, then the usage chunk (if any) and [DONE]."""
     for text, delay in zip(texts, delays, strict=True):
         await asyncio.sleep(delay)
