@@ -276,7 +276,8 @@ def _run_bench_url(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         print(format_run_csv(summaries), end="")
     else:
-        arrivals = "Poisson arrivals" if sweep or args.request_rate else "arriving together"
+        burst_only = all(math.isinf(rate) for rate in rates)
+        arrivals = "arriving together" if burst_only else "Poisson arrivals"
         print(
             f"{args.url}, model {model}: {args.requests} requests, {arrivals}, "
             f"{args.prompt_len}-token prompts, {args.max_tokens} tokens each; latencies in ms"

@@ -66,6 +66,18 @@ class HttpRun:
     duration: float
 
 
+def _api_root(url: str) -> str:
+    """`url` without its trailing slash; ValueError unless http(s) with a host and a usable port."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        raise ValueError(f"not a URL: {url} ({error})") from None
+    port_ok = parsed.port is None or 0 < parsed.port < 65536
+    if parsed.scheme not in ("http", "https") or not parsed.host or not port_ok:
+        raise ValueError(f"not an http:// or https:// URL with a host and a port: {url}")
+    return url.rstrip("/")
+
+
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -198,7 +210,7 @@ def run_over_http(
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
-    run = _run(url.rstrip("/"), model, workload, timeout, api_key, progress)
+    run = _run(_api_root(url), model, workload, timeout, api_key, progress)
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # the usual case: no event loop here, so run one
@@ -211,10 +223,9 @@ def run_over_http(
 
 def served_model(url: str, *, timeout: float = 10.0, api_key: str | None = None) -> str:
     """The first model `GET {url}/models` lists: what to ask for when the user named none."""
+    root = _api_root(url)
     try:
-        response = httpx.get(
-            f"{url.rstrip('/')}/models", timeout=timeout, headers=_headers(api_key)
-        )
+        response = httpx.get(f"{root}/models", timeout=timeout, headers=_headers(api_key))
     except httpx.HTTPError as error:
         raise OSError(f"cannot list the models at {url}: {error}") from None
     if response.status_code != 200:
