@@ -157,7 +157,7 @@ def _non_negative_int(text: str) -> int:
 LOCAL_BENCH_OPTIONS = ("slots", "block_size", "pools")
 URL_BENCH_OPTIONS = (
     "url", "request_rate", "request_rates", "slo_ttft_ms", "slo_tpot_ms", "timeout", "api_key",
-    "plot",
+    "plot", "seed", "vocab_size",
 )  # fmt: skip
 
 
@@ -250,16 +250,21 @@ def _run_bench_url(args: argparse.Namespace) -> int:
     if args.request_rate is not None and args.request_rates is not None:
         raise ValueError("give --request-rate or --request-rates, not both")
     timeout = args.timeout or DEFAULT_BENCH_TIMEOUT_S
+    seed = args.seed or 0
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     model = args.model or served_model(args.url, timeout=timeout, api_key=api_key)
     sweep = args.request_rates is not None
     rates = args.request_rates if sweep else [args.request_rate or math.inf]
     burst = uniform_burst(
-        args.requests, args.prompt_len, args.max_tokens, vocab_size=args.vocab_size, seed=args.seed
+        args.requests,
+        args.prompt_len,
+        args.max_tokens,
+        vocab_size=args.vocab_size or URL_PROMPT_VOCAB,
+        seed=seed,
     )
     summaries = []
     for rate in rates:
-        workload = burst if math.isinf(rate) else poisson_arrivals(burst, rate, seed=args.seed)
+        workload = burst if math.isinf(rate) else poisson_arrivals(burst, rate, seed=seed)
         run = run_over_http(
             args.url, model, workload, timeout=timeout, api_key=api_key,
             progress=sys.stderr.isatty(),
@@ -376,11 +381,11 @@ def add_bench(subparsers: Subparsers) -> None:
         help="one run per rate: the latency-throughput curve",
     )  # fmt: skip
     remote.add_argument(
-        "--seed", type=_non_negative_int, default=0, metavar="S",
+        "--seed", type=_non_negative_int, default=None, metavar="S",
         help="seed of the prompts and of the arrival times (default 0)",
     )  # fmt: skip
     remote.add_argument(
-        "--vocab-size", type=_positive_int, default=URL_PROMPT_VOCAB, metavar="V",
+        "--vocab-size", type=_positive_int, default=None, metavar="V",
         help=f"prompt token ids are drawn below V (default {URL_PROMPT_VOCAB}: ids every "
         "Llama tokenizer has)",
     )  # fmt: skip

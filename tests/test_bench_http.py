@@ -419,6 +419,8 @@ def test_the_table_and_csv_views_of_a_run() -> None:
     assert [row["request_rate"] for row in parsed] == ["", "2.5"]
     assert float(parsed[0]["ttft_ms_p50"]) == pytest.approx(summaries[0]["ttft_ms"]["p50"])
     assert parsed[0]["errors"] == "HTTP 500: boom"
+    later_only = list(csv.DictReader(io.StringIO(format_run_csv(summaries[::-1]))))
+    assert later_only[0]["goodput"] == "" and float(later_only[1]["goodput"]) >= 0
 
 
 def test_a_run_with_nothing_completed_reports_no_latencies() -> None:
@@ -627,6 +629,10 @@ def test_the_api_key_is_sent_as_a_bearer_token(
         (["--block-size", "4", "--pools", "8"], "--slots required without --url"),
         (["--slots", "2", "--block-size", "4", "--pools", "8", "--request-rate", "2"],
          "--request-rate not used without --url"),
+        (["--slots", "2", "--block-size", "4", "--pools", "8", "--vocab-size", "50"],
+         "--vocab-size not used without --url"),
+        (["--slots", "2", "--block-size", "4", "--pools", "8", "--seed", "1"],
+         "--seed not used without --url"),
     ],
 )  # fmt: skip
 def test_options_of_the_other_mode_exit_2_with_a_message(

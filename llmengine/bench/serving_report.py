@@ -141,7 +141,8 @@ def format_run_csv(summaries: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     rows = [_flat(summary) for summary in summaries]
     if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        fields = list(dict.fromkeys(key for row in rows for key in row))  # every run's, in order
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return buffer.getvalue()
