@@ -127,15 +127,30 @@ def add_generate(subparsers: Subparsers) -> None:
     parser.set_defaults(handler=_run_generate)
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _number_type(
+    convert: Callable[[str], float], expected: str, valid: Callable[[float], bool], rule: str
+) -> Callable[[str], float]:
+    """An argparse type: `convert` the text, then refuse a value that is not `valid`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    return parse
+
+
+_positive_int = _number_type(int, "a whole number", lambda value: value >= 1, "at least 1")
+_non_negative_int = _number_type(int, "a whole number", lambda value: value >= 0, "at least 0")
+# Requests per second: a positive number, or `inf` for all at once.
+_rate = _number_type(float, "requests per second", lambda value: value > 0, "positive")
+_positive_float = _number_type(
+    float, "a number", lambda value: 0 < value < math.inf, "a positive number"
+)
 
 
 def _pool_sizes(text: str) -> list[int]:
@@ -143,15 +158,9 @@ def _pool_sizes(text: str) -> list[int]:
     return [_positive_int(part.strip()) for part in text.split(",")]
 
 
-def _non_negative_int(text: str) -> int:
-    """An argparse type: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+def _rates(text: str) -> list[float]:
+    """An argparse type: comma-separated request rates, e.g. 1,2,4,8."""
+    return [_rate(part.strip()) for part in text.split(",")]
 
 
 LOCAL_BENCH_OPTIONS = ("slots", "block_size", "pools")
@@ -289,33 +298,6 @@ def _run_bench_url(args: argparse.Namespace) -> int:
         )
         print(format_run_table(summaries))
     return 1 if any(summary["failed"] for summary in summaries) else 0
-
-
-def _rate(text: str) -> float:
-    """An argparse type: requests per second, a positive number or `inf` (all at once)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected requests per second, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _rates(text: str) -> list[float]:
-    """An argparse type: comma-separated request rates, e.g. 1,2,4,8."""
-    return [_rate(part.strip()) for part in text.split(",")]
-
-
-def _positive_float(text: str) -> float:
-    """An argparse type: a finite number greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def add_bench(subparsers: Subparsers) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 import llmengine
+from llmengine.lessons.live_server import read_metrics
 from llmengine.server import create_app, serve_in_thread
 
 MODEL_NAME = "tiny-test"
@@ -38,13 +38,7 @@ class Served:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics by name (labels folded into the name, as `a{k="v"}`)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=TIMEOUT).text
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
-        return samples
+        return read_metrics(self.url, timeout=TIMEOUT)
 
 
 @contextmanager
