@@ -220,11 +220,18 @@ class CachingBlockPool:
         Changes no block; it adds to `queries` and `hits`.
         """
         found: list[int] = []
+        previous: BlockKey | None = None
         for key in keys:
-            block_id = self._block_of.get(key)
+            probe = key
+            if previous is not None and key.parent is previous:
+                # An equal key hung on the cached parent object: comparing it with the cached
+                # child then stops at that shared parent instead of walking the whole chain.
+                probe = BlockKey(self._key_of[found[-1]], key.tokens)
+            block_id = self._block_of.get(probe)
             if block_id is None:
                 break
             found.append(block_id)
+            previous = key
         self.queries += len(keys)
         self.hits += len(found)
         return found

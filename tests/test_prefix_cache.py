@@ -190,6 +190,16 @@ def test_lookup_returns_the_leading_run_and_stops_at_the_first_miss() -> None:
     assert [(pool.refcount(b), pool.key_of(b)) for b in range(4)] == before
 
 
+def test_lookup_is_exact_for_keys_that_are_not_one_chain() -> None:
+    pool = CachingBlockPool(4)
+    ids = cached_blocks(pool, [1, 2, 3, 4], 2)
+    # Block 1's tokens after another first block, asked right after the cached first block.
+    stranger = prefix_keys([9, 9, 3, 4], 2)[1]
+    assert pool.lookup([prefix_keys([1, 2], 2)[0], stranger]) == ids[:1]
+    # Equal keys built as separate objects (another request's chain) still all hit.
+    assert pool.lookup(prefix_keys([1, 2, 3, 4, 5], 2)) == ids
+
+
 def test_take_refuses_an_uncached_block_and_changes_nothing() -> None:
     pool = CachingBlockPool(3)
     ids = cached_blocks(pool, [1, 1], 2)
