@@ -292,7 +292,6 @@ class Engine:
         """
         rows = decision.rows
         admitted = [request.request_id for request in decision.admitted]
-        kept = decision.unscheduled  # mid-prefill, no row, K/V kept: still in the cache
         return IterationOutcome(
             iteration=self.iteration,
             tokens=tokens,
@@ -315,10 +314,8 @@ class Engine:
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             held_blocks=decision.held_blocks,
-            needed_blocks=sum(blocks_for_length(row.end_position, self.block_size) for row in rows)
-            + sum(blocks_for_length(r.block_table.num_tokens, self.block_size) for r in kept),
-            kv_tokens=sum(row.end_position for row in rows)
-            + sum(request.block_table.num_tokens for request in kept),
+            needed_blocks=sum(blocks_for_length(row.end_position, self.block_size) for row in rows),
+            kv_tokens=sum(row.end_position for row in rows),
             blocks_swapped_out=len(decision.blocks_to_swap_out),
             blocks_swapped_in=len(decision.blocks_to_swap_in),
             bytes_per_block=self.cache.bytes_per_block,

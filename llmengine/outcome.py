@@ -50,8 +50,7 @@ class IterationOutcome:
     The pool fields describe the cache the forward ran on, as the forward left it (requests it
     finished included, though their blocks are free again by the time the step returns):
     `held_blocks` of `num_blocks` are booked by some request, `needed_blocks` are what the K/V
-    actually written (`kv_tokens` positions, a prefill the budget left without a row
-    included) fills, so held - needed is reservation waste and
+    actually written (`kv_tokens` positions) fills, so held - needed is reservation waste and
     needed * block_size - kv_tokens is the unfilled tail of last blocks (fragmentation).
 
     Preemption: `evicted` names every victim of the step, `swapped_out` those of them whose

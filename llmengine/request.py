@@ -57,11 +57,11 @@ class Request:
     request is `SWAPPED` its table names blocks of the host swap space, not of the device pool.
     `num_preemptions` counts every eviction, by recompute or by swap; `num_swaps` the swaps.
 
-    `prefilling` is True from the (re)admission of a request until the row that completes its
-    prefill samples: its positions may be computed over several steps (chunked prefill), and
-    the count of positions with K/V (`block_table.num_tokens`) cannot tell a prompt one short
-    of done from a decode. `num_discarded_tokens` is the most positions an eviction by
-    recompute ever threw away: what a resumed prefill counts as recomputed (see `ScheduledRow`).
+    `prefilling` is True while a (re)admitted request still has prefill positions to schedule:
+    they may be computed over several steps (chunked prefill), and the count of positions with
+    K/V (`block_table.num_tokens`) cannot tell a prompt one short of done from a decode.
+    `num_discarded_tokens` is the most positions an eviction by recompute ever threw away:
+    what a resumed prefill counts as recomputed (see `ScheduledRow`).
     """
 
     request_id: int

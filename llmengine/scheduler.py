@@ -19,8 +19,9 @@ Decode rows come first and always fit (the cap is at least `num_slots`, as vLLM 
 prefill chunks share what is left, in queue order, so a long prompt is prefilled over several
 steps while the others keep decoding. Only the computation is chunked: a request is admitted
 with the blocks for its whole prompt (or, under "reserve", its worst case), exactly as
-without a cap, and holds its slot and blocks between chunks, in a step whose budget is
-spent with no row at all. With no cap (None) every prefill is one chunk, as before.
+without a cap, and holds its slot and blocks between chunks. At most one request is part way
+through its prefill at any time, and it gets a chunk every step (`_continue_prefills`).
+With no cap (None) every prefill is one chunk, as before.
 
 `update()` records the sampled tokens and releases at once every request that got its last
 one: its blocks and slot are free before the step that produced that token returns. A row
@@ -106,8 +107,7 @@ class SchedulerOutput:
     to a swap-out of the same decision: growth, which evicts, runs before swap-in.)
 
     `admitted` lists the requests admitted from the waiting queue (fresh or resumed), each in
-    the decision that gives it its first prefill chunk; `unscheduled` the running requests with
-    an unfinished prefill that the budget left without a row.
+    the decision that gives it its first prefill chunk.
 
     `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
     the forward runs on, before `update` takes back what finished requests held.
@@ -121,7 +121,6 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
-    unscheduled: list[Request] = field(default_factory=list)
     held_blocks: int = 0
     held_swap_blocks: int = 0
 
@@ -319,19 +318,17 @@ class Scheduler:
             out.rows.append(self._decode_row(request))
 
     def _continue_prefills(self, out: SchedulerOutput) -> None:
-        """Running requests part way through their prefill, oldest first, a chunk each.
+        """The running request part way through its prefill, if any, gets its next chunk.
 
-        Their blocks were bought at admission, so growth gave them none; a request the spent
-        budget leaves out keeps its slot and blocks and is `unscheduled` this step.
+        Its blocks were bought at admission, so growth gave it none. There is at most one: a
+        chunk stops short only by spending the budget, and nobody is admitted once it is
+        spent, so a second prefill can only start after the first one's last chunk. And it
+        always gets a chunk: the decodes take one position per other slot at most, and the
+        budget is at least `num_slots`. (`check_integrity` holds the scheduler to both.)
         """
         for request in self.running:
-            if not request.prefilling:
-                continue
-            budget = self._budget_left(out)
-            if budget == 0:
-                out.unscheduled.append(request)
-            else:
-                out.rows.append(self.prefill_row(request, budget))
+            if request.prefilling:
+                self._schedule_prefill(request, out)
 
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self.free_slots:
@@ -346,10 +343,19 @@ class Scheduler:
             request.move_to(RequestState.RUNNING)
             request.slot = self.free_slots.popleft()
             request.block_table.extend(self.pool.allocate(needed))
-            request.prefilling = True
             self._seat(request)
             out.admitted.append(request)
-            out.rows.append(self.prefill_row(request, budget))
+            self._schedule_prefill(request, out)
+
+    def _schedule_prefill(self, request: Request, out: SchedulerOutput) -> None:
+        """Give `request` its next prefill chunk; it stays `prefilling` unless the chunk samples.
+
+        The flag follows the row, not the positions, so a `prefill_row` override decides alone
+        where a prefill ends.
+        """
+        row = self.prefill_row(request, self._budget_left(out))
+        request.prefilling = not row.samples
+        out.rows.append(row)
 
     def _budget_left(self, out: SchedulerOutput) -> int | None:
         """Positions the rows decided so far leave of the step's budget; None: no budget."""
@@ -492,7 +498,6 @@ class Scheduler:
             request.block_table.append(row.num_positions)
             if not row.samples:
                 continue
-            request.prefilling = False
             reason = request.append_token(tokens[request.request_id], eos_token_ids)
             if reason is not None:
                 request.finish_reason = reason
@@ -518,9 +523,12 @@ class Scheduler:
         slots = [r.slot for r in self.running] + list(self.free_slots)
         if sorted(slots) != list(range(self.num_slots)):
             raise AssertionError(f"slots unaccounted for: running+free = {sorted(slots)}")
-        for request in self.running:
+        prefilling = [request for request in self.running if request.prefilling]
+        if len(prefilling) > 1:
+            raise AssertionError(f"{len(prefilling)} requests part way through their prefill")
+        for request in prefilling:
             table = request.block_table
-            if request.prefilling and not table.num_tokens < request.num_tokens <= table.capacity:
+            if not table.num_tokens < request.num_tokens <= table.capacity:
                 raise AssertionError(
                     f"request {request.request_id} mid-prefill has {table.num_tokens} positions "
                     f"computed of {request.num_tokens} in blocks for {table.capacity}"
