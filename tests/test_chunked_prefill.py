@@ -197,6 +197,41 @@ def test_a_request_evicted_while_decoding_recomputes_all_its_tokens_in_chunks() 
     assert r1.num_output_tokens == 8 and r0.num_output_tokens == 12
 
 
+def test_a_victim_lost_twice_recomputes_every_position_it_ever_lost() -> None:
+    # 4 blocks of 4, 3 slots, budget 3; r0 has a 3-token prompt, r1 and r2 one token each.
+    # r2 is evicted while decoding at 5 tokens; readmitted, it is evicted again part way
+    # through recomputing them (4 computed); its third prefill recomputes all 5 anew.
+    scheduler = Scheduler(num_blocks=4, block_size=4, num_slots=3, max_num_batched_tokens=3)
+    r0, r1, r2 = make_request(0, 3, 9, 4), make_request(1, 1, 12, 4), make_request(2, 1, 12, 4)
+    for request in (r0, r1, r2):
+        scheduler.add(request)
+    evictions = []
+    prefills: list[list[tuple[int, int, bool, int]]] = []
+    for _ in range(60):
+        if not scheduler.has_unfinished():
+            break
+        before = {r.request_id: (r.prefilling, r.block_table.num_tokens) for r in scheduler.running}
+        out = fake_step(scheduler)
+        evictions += [(v.request_id, *before[v.request_id]) for v in out.preempted]
+        for row in out.rows:
+            if row.request is r2 and row.is_prefill:
+                if row.start_position == 0:
+                    prefills.append([])
+                prefills[-1].append(
+                    (row.start_position, row.num_positions, row.samples, row.recomputed)
+                )
+    assert not scheduler.has_unfinished()
+    # (who, mid-prefill, positions with K/V) at each eviction: r2 decoding, r1 decoding, r2
+    # in the middle of its resumed prefill.
+    assert evictions == [(2, False, 4), (1, False, 5), (2, True, 4)]
+    assert prefills == [
+        [(0, 1, True, 0)],
+        [(0, 2, False, 2), (2, 2, False, 2)],
+        [(0, 3, False, 3), (3, 2, True, 2)],
+    ]
+    assert r2.num_discarded_tokens == 5 and r2.num_output_tokens == 12
+
+
 def random_workload(rng: random.Random, count: int, block_size: int) -> list[Request]:
     return [
         make_request(i, rng.choice((1, 2, 5, 9, 17, 30)), rng.randint(1, 9), block_size)
