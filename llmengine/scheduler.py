@@ -9,8 +9,8 @@ through `update`. That split is what lets every policy below be tested without a
   pool is dry the youngest running request is preempted. Each decoding one gets its row;
 - swap in: swapped requests come back in the order they left, while a slot is free and the
   pool holds their blocks with the watermark kept free (the admission rule);
-- continue prefills: running requests whose prefill is unfinished, oldest first, each get
-  their next chunk while the step's budget of positions lasts;
+- continue prefills: the running request whose prefill is unfinished, if any, gets its next
+  chunk, as much of it as the step's budget of positions leaves;
 - admit: waiting requests in arrival order, under the same rule, once nobody is left in swap,
   while the budget lasts. The head of either queue blocks everyone behind it.
 
@@ -134,7 +134,7 @@ class Scheduler:
     space full), so a sweep over swap sizes may start at 0.
 
     `max_num_batched_tokens` caps the positions of one forward (None: no cap); it must be at
-    least `num_slots`, so that every running request's decode fits in a step and the oldest
+    least `num_slots`, so that every running request's decode fits in a step and an
     unfinished prefill always gets a chunk: nobody starves.
     """
 
@@ -298,6 +298,8 @@ class Scheduler:
 
         Its K/V comes back whole, so it decodes the token it sampled before it left, exactly
         the row it would have had; the one extra block a boundary may need is simply fresh.
+        It goes before the unfinished prefill's chunk, which takes what the budget leaves: a
+        decode row always fits, a row after a chunk that spent the budget would not.
         """
         while self.swapped and self.free_slots:
             request = self.swapped[0]
@@ -489,8 +491,8 @@ class Scheduler:
 
         `tokens` needs an entry for every row that `samples`; a chunk that does not only
         advances its request's table. Rows come in the order `schedule()` made them (the
-        decoding running requests oldest first, the swapped-in, the unfinished prefills oldest
-        first, then the admitted), and finished requests give their blocks back in that order.
+        decoding running requests oldest first, the swapped-in, the unfinished prefill, then
+        the admitted), and finished requests give their blocks back in that order.
         """
         finished = []
         for row in out.rows:

@@ -232,6 +232,39 @@ def test_a_victim_lost_twice_recomputes_every_position_it_ever_lost() -> None:
     assert r2.num_discarded_tokens == 5 and r2.num_output_tokens == 12
 
 
+def test_a_request_swapped_in_beside_a_partial_prefill_decodes_within_the_budget() -> None:
+    # 9 blocks of 4, 4 slots, budget 4, a swap space of 2 blocks. r3 is swapped out (step 8);
+    # r2, evicted next with the swap space full, falls back to recompute as r3 comes back
+    # (10); r2's resumed prefill is chunked (11-13); r3, younger, is swapped out again
+    # meanwhile (12) and, once r1 finishes, comes back while r2 is still part way (13).
+    scheduler = Scheduler(
+        num_blocks=9,
+        block_size=4,
+        num_slots=4,
+        preemption="swap",
+        swap_blocks=2,
+        max_num_batched_tokens=4,
+    )
+    specs = [(2, 10), (9, 9), (4, 16), (2, 4), (20, 13)]
+    requests = [make_request(i, n, t, 4) for i, (n, t) in enumerate(specs)]
+    for request in requests:
+        scheduler.add(request)
+    steps = [fake_step(scheduler) for _ in range(13)]
+    r2, r3 = requests[2], requests[3]
+    assert [(out.preempted, out.swapped_out, out.swapped_in) for out in steps[7:13]] == [
+        ([r3], [r3], []),
+        ([], [], []),
+        ([r2], [], [r3]),
+        ([], [], []),
+        ([r3], [r3], []),
+        ([], [], [r3]),
+    ]
+    assert steps[10].admitted == [r2] and not steps[10].rows[-1].samples
+    # The swapped-in decode goes before the unfinished prefill, which gets what is left.
+    assert shape(steps[12]) == [(3, 4, 1, True), (2, 5, 3, False)]
+    assert r2.prefilling
+
+
 def random_workload(rng: random.Random, count: int, block_size: int) -> list[Request]:
     return [
         make_request(i, rng.choice((1, 2, 5, 9, 17, 30)), rng.randint(1, 9), block_size)
