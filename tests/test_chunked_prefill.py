@@ -385,6 +385,7 @@ def test_greedy_text_is_the_same_whatever_the_budget(
             # A partial prefill falls back to recompute; every other victim is swapped.
             fallbacks = evicted - sum(len(o.swapped_out) for o in outcomes)
             assert fallbacks == len(evicted_mid_prefill(outcomes))
+            # With the two smallest budgets this workload evicts a long prompt mid-prefill.
             assert budget not in (4, 7) or fallbacks > 0
 
 
