@@ -414,6 +414,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         policy=args.policy,
         preemption=args.preemption,
         swap_blocks=args.swap_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         tokenizer=tokenizer,
     )
     app = create_app(
@@ -459,6 +460,11 @@ def add_serve(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-num-batched-tokens", type=_positive_int, default=None, metavar="N",
+        help="most positions one forward computes, at least --max-num-seqs; a longer prompt "
+        "is prefilled over several steps (default: no cap)",
     )  # fmt: skip
     parser.add_argument(
         "--max-waiting", type=_positive_int, default=256, metavar="W",

@@ -2,7 +2,9 @@
 
 `step()` is one scheduling decision and one forward over every scheduled row: fresh prefills,
 resumed prefills (prompt plus the tokens generated before the preemption: resume, not
-restart) and decodes, all in the same call. Before the forward it carries out the decision's
+restart) and decodes, all in the same call. Under a `max_num_batched_tokens` budget a prefill
+may be a chunk of its request's positions; only the chunk that reaches a request's last
+token is sampled. Before the forward it carries out the decision's
 swaps: every block copied out to host memory, then every block copied back in. A request that
 gets its last token gives its blocks and slot back in that same step, so a run ends with the
 step that finishes it. The step reports what happened as an `IterationOutcome`, which is all a
@@ -39,6 +41,12 @@ class Engine:
     back (lesson 18), falling back to recompute when the swap space cannot hold the victim.
     `swap_blocks` must be 0 under recompute; under swap, 0 means every victim falls back.
 
+    `max_num_batched_tokens` (None: no cap) caps the positions one forward computes, at least
+    `num_slots` of them: decodes first, then prefill chunks in queue order, so a long prompt
+    is prefilled over several steps without stalling the decodes (chunked prefill). Only rows
+    that complete a prefill or decode are sampled, so a seeded generator draws the same
+    numbers in the same order whatever the cap, and the text does not depend on it.
+
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
     """
@@ -56,6 +64,7 @@ class Engine:
         watermark: int = 0,
         preemption: str = "recompute",
         swap_blocks: int = 0,
+        max_num_batched_tokens: int | None = None,
         tokenizer: Any = None,
     ) -> None:
         self.model = model
@@ -68,6 +77,7 @@ class Engine:
             watermark,
             preemption=preemption,
             swap_blocks=swap_blocks,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
         self.scheduler.on_release = self._on_release
         parameter = next(model.parameters())
@@ -247,9 +257,17 @@ class Engine:
     def _sample(
         self, rows: list[ScheduledRow], logits: torch.Tensor
     ) -> tuple[dict[int, int], dict[int, TokenLogprobs]]:
-        """One token per row, each from its own request's parameters, history and generator,
-        and the log-probabilities of those whose request asked for them."""
-        requests = [row.request for row in rows]
+        """One token per sampling row, each from its own request's parameters, history and
+        generator, and the log-probabilities of those whose request asked for them.
+
+        A prefill chunk that stops short of its request's last token is skipped: its logits
+        predict a token the request already has, and drawing for it would move the generator.
+        """
+        indices = [index for index, row in enumerate(rows) if row.samples]
+        if not indices:
+            return {}, {}
+        requests = [rows[index].request for index in indices]
+        logits = logits[indices]
         sampled = sample_tokens(
             logits,
             [request.params for request in requests],
@@ -273,6 +291,7 @@ class Engine:
         left, finished requests included, whose blocks `update` has already given back.
         """
         rows = decision.rows
+        admitted = [request.request_id for request in decision.admitted]
         return IterationOutcome(
             iteration=self.iteration,
             tokens=tokens,
@@ -280,8 +299,12 @@ class Engine:
             evicted=[request.request_id for request in decision.preempted],
             swapped_out=[request.request_id for request in decision.swapped_out],
             swapped_in=[request.request_id for request in decision.swapped_in],
-            admitted=[row.request.request_id for row in rows if row.is_prefill],
-            resumed=[row.request.request_id for row in rows if row.recomputed],
+            admitted=admitted,
+            resumed=[
+                row.request.request_id
+                for row in rows
+                if row.recomputed and row.request.request_id in admitted
+            ],
             row_positions={row.request.request_id: row.num_positions for row in rows},
             rows=len(rows),
             prefill_rows=sum(row.is_prefill for row in rows),

@@ -29,16 +29,23 @@ class IterationOutcome:
     """One scheduling decision and the one forward that followed it.
 
     `forward_tokens` counts the positions the forward computed (pad excluded): a decode row is
-    one position, a prefill row its whole length. `recomputed_tokens` is the part of that
-    which was K/V the engine had held before and threw away on preemption: every position of
-    a resumed prefill. `padded_tokens` counts the positions a rectangular batch computes only
-    to keep its shape (pad after a short prompt, rows of requests already done): 0 for the
-    engine, which never pads, and the static batch's bill.
+    one position, a prefill row its whole length, or under `max_num_batched_tokens` its
+    chunk's. `recomputed_tokens` is the part of that which was K/V the engine had held before
+    and threw away on preemption: every position of a resumed prefill, or, for a request
+    evicted part way through its prefill, the positions it had computed (`ScheduledRow`).
+    `padded_tokens` counts the positions a rectangular batch computes only to keep its shape
+    (pad after a short prompt, rows of requests already done): 0 for the engine, which never
+    pads, and the static batch's bill.
 
     `row_positions` itemises `forward_tokens` by row (request id to the positions its row
-    computed: 1 for a decode, the whole sequence for a prefill) and `resumed` names the
-    prefill rows that were resumptions after a preemption, whose positions are all
-    recomputed: a counter of rows sees each as one row, these two see what each one cost.
+    computed: 1 for a decode, the whole sequence or a chunk of it for a prefill) and
+    `resumed` names the admissions that were resumptions after a preemption: a counter of
+    rows sees each as one row, these two see what each one cost.
+
+    Chunked prefill: `tokens` (and `logprobs`) hold only rows that reached their request's
+    last token, so a prefill chunk that stops short is in `row_positions` and `prefill_rows`
+    but samples nothing. `admitted` (and `resumed`) name a request once per admission, in the
+    step of its first chunk; `prefill_rows` counts every chunk.
 
     The pool fields describe the cache the forward ran on, as the forward left it (requests it
     finished included, though their blocks are free again by the time the step returns):

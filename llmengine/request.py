@@ -56,6 +56,12 @@ class Request:
     scheduler extends it and the cache reads it, so the two can never disagree. While the
     request is `SWAPPED` its table names blocks of the host swap space, not of the device pool.
     `num_preemptions` counts every eviction, by recompute or by swap; `num_swaps` the swaps.
+
+    `prefilling` is True while a (re)admitted request still has prefill positions to schedule:
+    they may be computed over several steps (chunked prefill), and the count of positions with
+    K/V (`block_table.num_tokens`) cannot tell a prompt one short of done from a decode.
+    `num_discarded_tokens` is the most positions an eviction by recompute ever threw away:
+    what a resumed prefill counts as recomputed (see `ScheduledRow`).
     """
 
     request_id: int
@@ -69,6 +75,8 @@ class Request:
     slot: int | None = None
     num_preemptions: int = 0
     num_swaps: int = 0
+    prefilling: bool = False
+    num_discarded_tokens: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -4,16 +4,30 @@ It works on integers only (block ids, slot numbers, token counts) and returns a 
 decision, `SchedulerOutput`; the engine runs the forward and hands the sampled tokens back
 through `update`. That split is what lets every policy below be tested without a model.
 
-`schedule()` is grow, swap in, then admit:
+`schedule()` is grow, swap in, continue prefills, then admit:
 - grow: running requests, oldest first, get the block their next position needs; when the
-  pool is dry the youngest running request is preempted;
+  pool is dry the youngest running request is preempted. Each decoding one gets its row;
 - swap in: swapped requests come back in the order they left, while a slot is free and the
   pool holds their blocks with the watermark kept free (the admission rule);
-- admit: waiting requests in arrival order, under the same rule, once nobody is left in swap.
-  The head of either queue blocks everyone behind it.
+- continue prefills: the running request whose prefill is unfinished, if any, gets its next
+  chunk, as much of it as the step's budget of positions leaves;
+- admit: waiting requests in arrival order, under the same rule, once nobody is left in swap,
+  while the budget lasts. The head of either queue blocks everyone behind it.
+
+`max_num_batched_tokens` (chunked prefill, issue 12) caps the positions one forward computes.
+Decode rows come first and always fit (the cap is at least `num_slots`, as vLLM requires);
+prefill chunks share what is left, in queue order, so a long prompt is prefilled over several
+steps while the others keep decoding. Only the computation is chunked: a request is admitted
+with the blocks for its whole prompt (or, under "reserve", its worst case), exactly as
+without a cap, and holds its slot and blocks between chunks. At most one request is part way
+through its prefill at any time, and it gets a chunk every step (`_continue_prefills`).
+With no cap (None) every prefill is one chunk, as before.
 
 `update()` records the sampled tokens and releases at once every request that got its last
-one: its blocks and slot are free before the step that produced that token returns.
+one: its blocks and slot are free before the step that produced that token returns. A row
+that only computes part of a prefill samples nothing: its request's table advances, and its
+sampler (a seeded generator) is not touched until the row that reaches its last position, so
+the text does not depend on the cap.
 
 Two policies share that loop. "reserve" (lesson 12) books prompt plus the whole budget at
 admission, so growth never needs a block and nothing is ever preempted. "incremental"
@@ -25,7 +39,9 @@ back and recomputes its K/V in a prefill when it resumes. "swap" (lesson 18) mov
 a host swap space of `swap_blocks` blocks, a second `BlockPool`, and back when it resumes, so
 it recomputes nothing; a victim the swap space cannot hold is preempted by recompute instead.
 The scheduler only says which block goes where (`blocks_to_swap_out`, `blocks_to_swap_in`);
-the engine does the copying.
+the engine does the copying. A victim whose prefill is unfinished is always preempted by
+recompute: a swapped request comes back as a decode row, which needs all its K/V but the last
+sampled token's, and a partial prefill has neither.
 """
 
 from __future__ import annotations
@@ -44,13 +60,27 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclass(slots=True)
 class ScheduledRow:
-    """One request's share of the next forward."""
+    """One request's share of the next forward: positions [start, start + num_positions).
+
+    A decode row is one position; a prefill row is a chunk of a (re)admitted request's
+    positions, the whole of them without a budget. `samples` is False only for a chunk that
+    stops short of the request's last token: the forward computes its K/V and nothing is
+    sampled from it.
+
+    `recomputed` counts the row's positions below `request.num_discarded_tokens`: K/V that
+    existed once and an eviction by recompute threw away. By the seeds' rule a victim evicted
+    while decoding counts all its tokens, the last sampled one too (lesson 14's count), so
+    its resumed prefill is all recomputed; a victim evicted mid-prefill counts only the
+    positions it had computed, and the highest count over its evictions is kept, since a
+    position computed once and lost is recomputed however often it was lost.
+    """
 
     request: Request
     start_position: int
     num_positions: int
     is_prefill: bool
     recomputed: int
+    samples: bool = True
 
     @property
     def end_position(self) -> int:
@@ -76,6 +106,9 @@ class SchedulerOutput:
     swapped-in request in this same decision. (Host blocks freed by a swap-in are never handed
     to a swap-out of the same decision: growth, which evicts, runs before swap-in.)
 
+    `admitted` lists the requests admitted from the waiting queue (fresh or resumed), each in
+    the decision that gives it its first prefill chunk.
+
     `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
     the forward runs on, before `update` takes back what finished requests held.
     `held_swap_blocks` counts the swap space's booked blocks at the same moment.
@@ -87,6 +120,7 @@ class SchedulerOutput:
     swapped_in: list[Request] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
     held_blocks: int = 0
     held_swap_blocks: int = 0
 
@@ -98,6 +132,10 @@ class Scheduler:
     host swap space and must be 0 under "recompute", which never uses one. "swap" with no
     swap blocks is allowed and behaves exactly as "recompute" (every victim finds the swap
     space full), so a sweep over swap sizes may start at 0.
+
+    `max_num_batched_tokens` caps the positions of one forward (None: no cap); it must be at
+    least `num_slots`, so that every running request's decode fits in a step and an
+    unfinished prefill always gets a chunk: nobody starves.
     """
 
     def __init__(
@@ -110,6 +148,7 @@ class Scheduler:
         *,
         preemption: str = "recompute",
         swap_blocks: int = 0,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -126,6 +165,16 @@ class Scheduler:
             raise ValueError(f"num_slots must be at least 1, got {num_slots}")
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if max_num_batched_tokens is not None and (
+            not isinstance(max_num_batched_tokens, int)
+            or isinstance(max_num_batched_tokens, bool)
+            or max_num_batched_tokens < num_slots
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens must be None or a whole number >= num_slots "
+                f"({num_slots}), so every running request's decode fits in one step; "
+                f"got {max_num_batched_tokens!r}"
+            )
         if not 0 <= watermark < num_blocks:
             raise ValueError(f"watermark must be in [0, {num_blocks}), got {watermark}")
         self.pool = BlockPool(num_blocks)
@@ -137,6 +186,7 @@ class Scheduler:
         self.policy = policy
         self.preemption = preemption
         self.watermark = watermark
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -217,6 +267,7 @@ class Scheduler:
         out = SchedulerOutput()
         self._grow(out)
         self._swap_in(out)
+        self._continue_prefills(out)
         if not self.swapped:
             self._admit(out)
         out.held_blocks = self.pool.num_held
@@ -238,7 +289,8 @@ class Scheduler:
             if request.state is not RequestState.RUNNING:
                 continue  # it was its own victim; the next request now sits at `index`
             request.block_table.extend(self.pool.allocate(needed))
-            out.rows.append(self._decode_row(request))
+            if not request.prefilling:  # a prefill's next chunk waits for the decodes
+                out.rows.append(self._decode_row(request))
             index += 1
 
     def _swap_in(self, out: SchedulerOutput) -> None:
@@ -246,6 +298,8 @@ class Scheduler:
 
         Its K/V comes back whole, so it decodes the token it sampled before it left, exactly
         the row it would have had; the one extra block a boundary may need is simply fresh.
+        It goes before the unfinished prefill's chunk, which takes what the budget leaves: a
+        decode row always fits, a row after a chunk that spent the budget would not.
         """
         while self.swapped and self.free_slots:
             request = self.swapped[0]
@@ -265,8 +319,24 @@ class Scheduler:
             out.swapped_in.append(request)
             out.rows.append(self._decode_row(request))
 
+    def _continue_prefills(self, out: SchedulerOutput) -> None:
+        """The running request part way through its prefill, if any, gets its next chunk.
+
+        Its blocks were bought at admission, so growth gave it none. There is at most one: a
+        chunk stops short only by spending the budget, and nobody is admitted once it is
+        spent, so a second prefill can only start after the first one's last chunk. And it
+        always gets a chunk: the decodes take one position per other slot at most, and the
+        budget is at least `num_slots`. (`check_integrity` holds the scheduler to both.)
+        """
+        for request in self.running:
+            if request.prefilling:
+                self._schedule_prefill(request, out)
+
     def _admit(self, out: SchedulerOutput) -> None:
         while self.waiting and self.free_slots:
+            budget = self._budget_left(out)
+            if budget == 0:
+                break  # admitting a request with no row would only hold its blocks idle
             request = self.waiting[0]
             needed = self.blocks_needed_for(request)
             if self.pool.num_free - needed < self.free_blocks_to_keep():
@@ -276,7 +346,24 @@ class Scheduler:
             request.slot = self.free_slots.popleft()
             request.block_table.extend(self.pool.allocate(needed))
             self._seat(request)
-            out.rows.append(self.prefill_row(request))
+            out.admitted.append(request)
+            self._schedule_prefill(request, out)
+
+    def _schedule_prefill(self, request: Request, out: SchedulerOutput) -> None:
+        """Give `request` its next prefill chunk; it stays `prefilling` unless the chunk samples.
+
+        The flag follows the row, not the positions, so a `prefill_row` override decides alone
+        where a prefill ends.
+        """
+        row = self.prefill_row(request, self._budget_left(out))
+        request.prefilling = not row.samples
+        out.rows.append(row)
+
+    def _budget_left(self, out: SchedulerOutput) -> int | None:
+        """Positions the rows decided so far leave of the step's budget; None: no budget."""
+        if self.max_num_batched_tokens is None:
+            return None
+        return self.max_num_batched_tokens - sum(row.num_positions for row in out.rows)
 
     def free_blocks_to_keep(self) -> int:
         """Free blocks an admission or a swap-in must leave in the pool: the watermark.
@@ -305,19 +392,25 @@ class Scheduler:
         """
         return candidates[-1]
 
-    def prefill_row(self, request: Request) -> ScheduledRow:
-        """The row that admits `request`: its prompt, or for a resumed request everything.
+    def prefill_row(self, request: Request, max_positions: int | None = None) -> ScheduledRow:
+        """The next chunk of `request`'s prefill: from its first position without K/V, at most
+        `max_positions` of them (None: all the rest).
 
-        A preempted request comes back over prompt plus the tokens it generated, all of them
-        recomputed: resume, not restart, so it samples the token it would have sampled anyway.
+        Admission starts it at 0, over the prompt, or for a resumed request over prompt plus
+        the tokens it generated: resume, not restart, so it samples the token it would have
+        sampled anyway. The chunk that reaches its last token samples; the others do not.
         """
-        resumed = request.num_preemptions > 0
+        start = request.block_table.num_tokens
+        end = request.num_tokens
+        if max_positions is not None:
+            end = min(end, start + max_positions)
         return ScheduledRow(
             request,
-            start_position=0,
-            num_positions=request.num_tokens,
+            start_position=start,
+            num_positions=end - start,
             is_prefill=True,
-            recomputed=request.num_tokens if resumed else 0,
+            recomputed=max(0, min(end, request.num_discarded_tokens) - start),
+            samples=end == request.num_tokens,
         )
 
     @staticmethod
@@ -336,14 +429,25 @@ class Scheduler:
             raise AssertionError("the reserve policy never runs short, so never preempts")
         out.preempted.append(victim)
         swap = self.swap_pool
-        if swap is not None and swap.can_allocate(len(victim.block_table.block_ids)):
+        if (
+            swap is not None
+            and not victim.prefilling
+            and swap.can_allocate(len(victim.block_table.block_ids))
+        ):
             out.blocks_to_swap_out.extend(self._swap_out(victim))
             out.swapped_out.append(victim)
         else:
             self._preempt(victim)
 
     def _preempt(self, request: Request) -> None:
-        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue."""
+        """Preemption by recompute: blocks and slot back, tokens kept, head of the queue.
+
+        Records what the eviction throws away for the resumed prefill's `recomputed`: the
+        positions with K/V of a prefill cut short, every token of a decoding request.
+        """
+        lost = request.block_table.num_tokens if request.prefilling else request.num_tokens
+        request.num_discarded_tokens = max(request.num_discarded_tokens, lost)
+        request.prefilling = False
         self.running.remove(request)
         self._release(request)
         request.move_to(RequestState.WAITING)
@@ -385,14 +489,17 @@ class Scheduler:
     ) -> list[Request]:
         """Record each row's sampled token; release and return the requests it finished.
 
-        Rows come in the order `schedule()` made them (running requests oldest first, then
-        the swapped-in, then the admitted), and finished requests give their blocks back in
-        that order.
+        `tokens` needs an entry for every row that `samples`; a chunk that does not only
+        advances its request's table. Rows come in the order `schedule()` made them (the
+        decoding running requests oldest first, the swapped-in, the unfinished prefill, then
+        the admitted), and finished requests give their blocks back in that order.
         """
         finished = []
         for row in out.rows:
             request = row.request
             request.block_table.append(row.num_positions)
+            if not row.samples:
+                continue
             reason = request.append_token(tokens[request.request_id], eos_token_ids)
             if reason is not None:
                 request.finish_reason = reason
@@ -418,8 +525,18 @@ class Scheduler:
         slots = [r.slot for r in self.running] + list(self.free_slots)
         if sorted(slots) != list(range(self.num_slots)):
             raise AssertionError(f"slots unaccounted for: running+free = {sorted(slots)}")
+        prefilling = [request for request in self.running if request.prefilling]
+        if len(prefilling) > 1:
+            raise AssertionError(f"{len(prefilling)} requests part way through their prefill")
+        for request in prefilling:
+            table = request.block_table
+            if not table.num_tokens < request.num_tokens <= table.capacity:
+                raise AssertionError(
+                    f"request {request.request_id} mid-prefill has {table.num_tokens} positions "
+                    f"computed of {request.num_tokens} in blocks for {table.capacity}"
+                )
         for request in self.waiting:
-            if request.block_table.block_ids or request.slot is not None:
+            if request.block_table.block_ids or request.slot is not None or request.prefilling:
                 raise AssertionError(f"waiting request {request.request_id} holds resources")
         arrivals = [r.arrival for r in self.running]
         if arrivals != sorted(arrivals):

@@ -32,10 +32,10 @@ class RestartScheduler(Scheduler):
     runs; it keeps them and grows into them, so the pool's books stay balanced.
     """
 
-    def prefill_row(self, request: Request) -> ScheduledRow:
+    def prefill_row(self, request: Request, max_positions: int | None = None) -> ScheduledRow:
         if request.num_preemptions > 0:
             del request.token_ids[len(request.prompt_token_ids) :]
-        return super().prefill_row(request)
+        return super().prefill_row(request, max_positions)
 
 
 class PromptOnlyScheduler(Scheduler):
@@ -46,11 +46,12 @@ class PromptOnlyScheduler(Scheduler):
     last one. Later decodes attend over positions whose K/V was never rebuilt and whatever
     the blocks' previous holder left there. The block table records the positions the rows
     computed, which stay within the blocks the request holds, so the engine runs to the end.
+    The row samples though it stops short of the request's end, and ignores any budget.
     """
 
-    def prefill_row(self, request: Request) -> ScheduledRow:
+    def prefill_row(self, request: Request, max_positions: int | None = None) -> ScheduledRow:
         if request.num_preemptions == 0:
-            return super().prefill_row(request)
+            return super().prefill_row(request, max_positions)
         prompt_length = len(request.prompt_token_ids)
         return ScheduledRow(
             request,
