@@ -415,6 +415,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         preemption=args.preemption,
         swap_blocks=args.swap_blocks,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
         tokenizer=tokenizer,
     )
     app = create_app(
@@ -465,6 +466,10 @@ def add_serve(subparsers: Subparsers) -> None:
         "--max-num-batched-tokens", type=_positive_int, default=None, metavar="N",
         help="most positions one forward computes, at least --max-num-seqs; a longer prompt "
         "is prefilled over several steps (default: no cap)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--enable-prefix-caching", action="store_true",
+        help="share the K/V blocks of equal prompt prefixes between requests",
     )  # fmt: skip
     parser.add_argument(
         "--max-waiting", type=_positive_int, default=256, metavar="W",

@@ -65,6 +65,7 @@ class Engine:
         preemption: str = "recompute",
         swap_blocks: int = 0,
         max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = False,
         tokenizer: Any = None,
     ) -> None:
         self.model = model
@@ -78,6 +79,7 @@ class Engine:
             preemption=preemption,
             swap_blocks=swap_blocks,
             max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.scheduler.on_release = self._on_release
         parameter = next(model.parameters())
@@ -310,6 +312,7 @@ class Engine:
             prefill_rows=sum(row.is_prefill for row in rows),
             forward_tokens=sum(row.num_positions for row in rows),
             recomputed_tokens=sum(row.recomputed for row in rows),
+            cached_tokens=sum(row.cached for row in rows),
             num_slots=self.num_slots,
             num_blocks=self.num_blocks,
             block_size=self.block_size,

@@ -78,6 +78,7 @@ class IterationOutcome:
     prefill_rows: int = 0
     forward_tokens: int = 0
     recomputed_tokens: int = 0
+    cached_tokens: int = 0
     padded_tokens: int = 0
     num_slots: int = 0
     num_blocks: int = 0

@@ -12,6 +12,7 @@ from enum import Enum
 
 from llmengine.blocks import BlockTable
 from llmengine.params import SamplingParams, finish_reason
+from llmengine.prefix_cache import BlockKey
 
 
 class RequestState(Enum):
@@ -62,6 +63,10 @@ class Request:
     K/V (`block_table.num_tokens`) cannot tell a prompt one short of done from a decode.
     `num_discarded_tokens` is the most positions an eviction by recompute ever threw away:
     what a resumed prefill counts as recomputed (see `ScheduledRow`).
+
+    Under prefix caching, `block_keys` are the keys of its leading full blocks (they depend on
+    its tokens only, so they outlive a preemption), and `num_registered_blocks` how many of
+    the blocks its table holds now have been offered to the cache.
     """
 
     request_id: int
@@ -77,6 +82,8 @@ class Request:
     num_swaps: int = 0
     prefilling: bool = False
     num_discarded_tokens: int = 0
+    block_keys: list[BlockKey] = field(default_factory=list)
+    num_registered_blocks: int = 0
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmengine.blocks import BlockPool, blocks_for_length
+from llmengine.prefix_cache import CachingBlockPool, block_hash
 from llmengine.request import Request, RequestState
 
 POLICIES = ("incremental", "reserve")
@@ -81,6 +82,7 @@ class ScheduledRow:
     is_prefill: bool
     recomputed: int
     samples: bool = True
+    cached: int = 0
 
     @property
     def end_position(self) -> int:
@@ -149,6 +151,7 @@ class Scheduler:
         preemption: str = "recompute",
         swap_blocks: int = 0,
         max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -177,7 +180,8 @@ class Scheduler:
             )
         if not 0 <= watermark < num_blocks:
             raise ValueError(f"watermark must be in [0, {num_blocks}), got {watermark}")
-        self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.pool = CachingBlockPool(num_blocks) if enable_prefix_caching else BlockPool(num_blocks)
         # Host block ids: integers like the device pool's, naming rows of the engine's host
         # swap tensors. None when there is no swap space at all.
         self.swap_pool = BlockPool(swap_blocks) if swap_blocks else None
@@ -291,6 +295,7 @@ class Scheduler:
             request.block_table.extend(self.pool.allocate(needed))
             if not request.prefilling:  # a prefill's next chunk waits for the decodes
                 out.rows.append(self._decode_row(request))
+                self._cache_full_blocks(request, request.num_tokens)
             index += 1
 
     def _swap_in(self, out: SchedulerOutput) -> None:
@@ -318,6 +323,7 @@ class Scheduler:
             self._seat(request)
             out.swapped_in.append(request)
             out.rows.append(self._decode_row(request))
+            self._cache_full_blocks(request, request.num_tokens)
 
     def _continue_prefills(self, out: SchedulerOutput) -> None:
         """The running request part way through its prefill, if any, gets its next chunk.
@@ -338,16 +344,24 @@ class Scheduler:
             if budget == 0:
                 break  # admitting a request with no row would only hold its blocks idle
             request = self.waiting[0]
-            needed = self.blocks_needed_for(request)
-            if self.pool.num_free - needed < self.free_blocks_to_keep():
+            hits = self._cached_prefix(request)
+            needed = self.blocks_needed_for(request) - len(hits)
+            # A hit is held, not bought; but an evictable one counted as free until taken.
+            evictable = sum(self.pool.refcount(block) == 0 for block in hits)
+            if self.pool.num_free - evictable - needed < self.free_blocks_to_keep():
                 break
             self.waiting.popleft()
             request.move_to(RequestState.RUNNING)
             request.slot = self.free_slots.popleft()
+            if hits:
+                self.pool.take(hits)
+                request.block_table.extend(hits)
+                request.block_table.append(len(hits) * self.block_size)
             request.block_table.extend(self.pool.allocate(needed))
             self._seat(request)
             out.admitted.append(request)
             self._schedule_prefill(request, out)
+            out.rows[-1].cached = len(hits) * self.block_size
 
     def _schedule_prefill(self, request: Request, out: SchedulerOutput) -> None:
         """Give `request` its next prefill chunk; it stays `prefilling` unless the chunk samples.
@@ -358,12 +372,53 @@ class Scheduler:
         row = self.prefill_row(request, self._budget_left(out))
         request.prefilling = not row.samples
         out.rows.append(row)
+        self._cache_full_blocks(request, row.end_position)
 
     def _budget_left(self, out: SchedulerOutput) -> int | None:
         """Positions the rows decided so far leave of the step's budget; None: no budget."""
         if self.max_num_batched_tokens is None:
             return None
         return self.max_num_batched_tokens - sum(row.num_positions for row in out.rows)
+
+    # -- prefix caching ------------------------------------------------------------------
+
+    def _block_keys(self, request: Request, num_blocks: int) -> list:
+        """The keys of `request`'s first `num_blocks` full blocks, each computed once."""
+        keys, size = request.block_keys, self.block_size
+        while len(keys) < num_blocks:
+            start = len(keys) * size
+            keys.append(
+                block_hash(keys[-1] if keys else None, request.token_ids[start : start + size])
+            )
+        return keys[:num_blocks]
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks a (re)admitted request can take instead of computing them.
+
+        Only full blocks, and never the one holding its last token: the prefill must compute
+        at least that position to sample from it, and a shared block is never written.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        usable = (request.num_tokens - 1) // self.block_size
+        return self.pool.lookup(self._block_keys(request, usable))
+
+    def _cache_full_blocks(self, request: Request, end_position: int) -> None:
+        """Offer the cache every block of `request` that the forward just decided fills.
+
+        Called when a row is decided, before the forward runs: the forward writes each row's
+        K/V in a layer before any row reads it, so a request admitted later in the same step
+        (the other samples of an `n > 1` request) can already share these blocks.
+        """
+        if not self.enable_prefix_caching:
+            return
+        table = request.block_table
+        full = end_position // self.block_size
+        keys = self._block_keys(request, full)
+        for index in range(request.num_registered_blocks, full):
+            if self.pool.key_of(table.block_ids[index]) is None:
+                self.pool.register(table.block_ids[index], keys[index])
+        request.num_registered_blocks = max(request.num_registered_blocks, full)
 
     def free_blocks_to_keep(self) -> int:
         """Free blocks an admission or a swap-in must leave in the pool: the watermark.
@@ -463,7 +518,7 @@ class Scheduler:
         host_ids = self.swap_pool.allocate(len(request.block_table.block_ids))
         device_ids = request.block_table.relocate(host_ids)
         self._release_slot(request)
-        self.pool.free(device_ids)
+        self._free_device_blocks(request, device_ids)
         request.move_to(RequestState.SWAPPED)
         request.num_preemptions += 1
         request.num_swaps += 1
@@ -472,7 +527,16 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         self._release_slot(request)
-        self.pool.free(request.block_table.release())
+        self._free_device_blocks(request, request.block_table.release())
+
+    def _free_device_blocks(self, request: Request, block_ids: list[int]) -> None:
+        """Give back a request's device blocks; cached ones stay cached until evicted.
+
+        Under prefix caching the tail goes back first, so it is evicted before the prefix
+        that other requests are likelier to share.
+        """
+        request.num_registered_blocks = 0
+        self.pool.free(block_ids[::-1] if self.enable_prefix_caching else block_ids)
 
     def _release_slot(self, request: Request) -> None:
         # The hook runs while the request still names its slot, so the engine knows which
@@ -518,7 +582,9 @@ class Scheduler:
         """
         self.pool.check_integrity()
         held = [b for r in self.running for b in r.block_table.block_ids]
-        if len(held) != len(set(held)):
+        if self.enable_prefix_caching:  # shared blocks: each held once per table naming it
+            self.pool.check_refcounts(r.block_table.block_ids for r in self.running)
+        elif len(held) != len(set(held)):
             raise AssertionError("a block is held by two requests")
         if set(held) != self.pool.held_ids:
             raise AssertionError("the requests' block tables and the pool disagree")

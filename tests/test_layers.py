@@ -94,7 +94,7 @@ def test_imports_point_one_way(path: Path) -> None:
 
 def test_the_scheduler_side_knows_no_tensors() -> None:
     """The scheduler and what it reads import only each other and the standard library."""
-    integer_side = {"blocks", "params", "request", "scheduler", "outcome"}
+    integer_side = {"blocks", "prefix_cache", "params", "request", "scheduler", "outcome"}
     for name in integer_side:
         for module, _ in imports_of(PACKAGE / f"{name}.py", type_checking=True):
             top, _, rest = module.partition(".")

@@ -208,6 +208,8 @@ class EngineLoop:
         now = time.perf_counter()
         self.metrics.preemptions.inc(len(outcome.evicted))
         self.metrics.generation_tokens.inc(len(outcome.tokens))
+        self.metrics.forward_tokens.inc(outcome.forward_tokens)
+        self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
         logprobs = getattr(outcome, "logprobs", None) or {}
         finished = set(outcome.finished)
         for request_id, token_id in outcome.tokens.items():

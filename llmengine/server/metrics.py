@@ -50,6 +50,14 @@ class ServerMetrics:
         self.generation_tokens = Counter(
             "llmengine_generation_tokens", "Tokens generated", registry=r
         )
+        self.forward_tokens = Counter(
+            "llmengine_forward_tokens", "Positions the engine's forwards computed", registry=r
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            "llmengine_prefix_cache_hit_tokens",
+            "Prompt positions taken from the prefix cache instead of computed",
+            registry=r,
+        )
         self.requests_finished = Counter(
             "llmengine_requests_finished",
             "Engine requests that ended, by how",
