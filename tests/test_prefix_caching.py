@@ -400,3 +400,169 @@ def test_random_shared_prefix_workloads_keep_every_invariant(options: dict, seed
     assert cached > 0
     if options.get("policy") == "reserve":
         assert preempted == 0
+
+
+# -- the engine on real weights ---------------------------------------------------------------
+
+ENGINE_BS = 8
+OWN_LENGTHS = (1, 20, 7, 13, 4, 16, 9, 2, 18, 11)
+POOLS = {
+    "roomy": {"num_blocks": 128},
+    "cramped": {"num_blocks": 14},
+    "swap": {"num_blocks": 14, "preemption": "swap", "swap_blocks": 16},
+    "budget": {"num_blocks": 14, "max_num_batched_tokens": 16},
+    "reserve": {"num_blocks": 24, "policy": "reserve"},
+}
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+
+
+class RecordingScheduler(Scheduler):
+    """A scheduler that notes, for each admission row, what it computes and what it takes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (start position, positions computed, positions cached, tokens), at schedule time.
+        self.admissions: list[tuple[int, int, int, int]] = []
+
+    def schedule(self) -> SchedulerOutput:
+        out = super().schedule()
+        self.admissions += [
+            (row.start_position, row.num_positions, row.cached, row.request.num_tokens)
+            for row in out.rows
+            if row.request in out.admitted
+        ]
+        return out
+
+
+class RecordingEngine(Engine):
+    scheduler_class = RecordingScheduler
+
+
+@pytest.fixture(scope="module")
+def system_prompts(model: llmengine.Llama) -> list[list[int]]:
+    """Two 40-token system prompts that agree on their first 16 tokens (two blocks)."""
+    rng = random.Random(3)
+    first = [rng.randrange(1, model.config.vocab_size) for _ in range(40)]
+    return [first, first[:16] + [rng.randrange(1, model.config.vocab_size) for _ in range(24)]]
+
+
+@pytest.fixture(scope="module")
+def prompts(model: llmengine.Llama, system_prompts: list[list[int]]) -> list[list[int]]:
+    """Each request: one of the system prompts, then 1 to 20 tokens of its own."""
+    rng = random.Random(4)
+    vocab = model.config.vocab_size
+    return [
+        system_prompts[index % 3 == 0] + [rng.randrange(1, vocab) for _ in range(length)]
+        for index, length in enumerate(OWN_LENGTHS)
+    ]
+
+
+def run(
+    model: llmengine.Llama,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    enable_prefix_caching: bool,
+    **pool: Any,
+) -> tuple[list[list[int]], list[IterationOutcome], RecordingEngine]:
+    """Run to completion, integrity checked every step; outputs, outcomes and the engine.
+
+    Checks every admission row against the rule: it starts at its cached positions, whole
+    blocks that never include its last token, and without a budget computes all the rest.
+    """
+    engine = RecordingEngine(
+        model,
+        block_size=ENGINE_BS,
+        num_slots=4,
+        enable_prefix_caching=enable_prefix_caching,
+        **pool,
+    )
+    ids = engine.add_requests(prompts, params)
+    outcomes = []
+    for _ in range(500):
+        if not engine.has_unfinished():
+            break
+        outcomes.append(engine.step())
+        engine.check_integrity()
+    assert not engine.has_unfinished()
+    assert engine.num_free_blocks == engine.num_blocks
+    assert engine.num_free_swap_blocks == engine.num_swap_blocks
+    admissions = engine.scheduler.admissions
+    assert len(admissions) == sum(len(o.admitted) for o in outcomes)
+    for start, positions, cached, num_tokens in admissions:
+        assert start == cached and cached % ENGINE_BS == 0
+        assert cached <= (num_tokens - 1) // ENGINE_BS * ENGINE_BS
+        if pool.get("max_num_batched_tokens") is None:
+            assert positions + cached == num_tokens
+        else:
+            assert positions + cached <= num_tokens
+    assert sum(o.cached_tokens for o in outcomes) == sum(a[2] for a in admissions)
+    outputs = [engine.release(request_id).output_token_ids for request_id in ids]
+    return outputs, outcomes, engine
+
+
+def forward_tokens(outcomes: list[IterationOutcome]) -> int:
+    return sum(o.forward_tokens for o in outcomes)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_greedy_text_is_the_same_with_and_without_prefix_caching(
+    model: llmengine.Llama, prompts: list[list[int]], pool: str
+) -> None:
+    reference, _, _ = run(model, prompts, GREEDY, False, **POOLS["roomy"])
+    off, off_outcomes, _ = run(model, prompts, GREEDY, False, **POOLS[pool])
+    on, on_outcomes, engine = run(model, prompts, GREEDY, True, **POOLS[pool])
+    assert on == off == reference
+    assert engine.scheduler.pool.num_cached_free > 0  # kept after everyone finished
+    cached = sum(o.cached_tokens for o in on_outcomes)
+    assert cached > 0 and forward_tokens(on_outcomes) < forward_tokens(off_outcomes)
+    evictions = [sum(len(o.evicted) for o in outcomes) for outcomes in (off_outcomes, on_outcomes)]
+    if pool in ("roomy", "reserve"):
+        assert evictions == [0, 0]
+        # The same rows, less what the cache gave: each cached position is one not computed.
+        assert forward_tokens(off_outcomes) - forward_tokens(on_outcomes) == cached
+    else:
+        assert evictions[1] > 0, "the cramped pool preempts with caching on"
+    if pool == "swap":
+        assert sum(len(o.swapped_out) for o in on_outcomes) > 0
+    if pool == "budget":
+        assert all(o.forward_tokens <= 16 for o in on_outcomes)
+        assert any(len(o.row_positions) > len(o.tokens) for o in on_outcomes), "chunked"
+
+
+def test_seeded_sampling_is_the_same_with_and_without_prefix_caching(
+    model: llmengine.Llama, prompts: list[list[int]]
+) -> None:
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.8, seed=seed, ignore_eos=True)
+        for seed in range(len(prompts))
+    ]
+    reference, _, _ = run(model, prompts, params, False, **POOLS["roomy"])
+    assert len({tuple(tokens) for tokens in reference}) == len(prompts)
+    for pool in ("roomy", "cramped"):
+        outputs, outcomes, _ = run(model, prompts, params, True, **POOLS[pool])
+        assert outputs == reference, pool
+        assert sum(o.cached_tokens for o in outcomes) > 0
+
+
+def test_the_cached_tokens_are_what_the_rule_predicts(
+    model: llmengine.Llama, system_prompts: list[list[int]]
+) -> None:
+    system = system_prompts[0]  # 40 tokens: 5 full blocks
+    rng = random.Random(6)
+    own = [rng.randrange(1, model.config.vocab_size) for _ in range(20)]
+    engine = Engine(model, num_blocks=64, block_size=ENGINE_BS, enable_prefix_caching=True)
+    cached = []
+    # One step: the system prompt alone fills and offers its 5 blocks; a request with 1 more
+    # token may take all 5, one with 20 more too (its 6th block is its own).
+    engine.add_requests([system, system + own[:1], system + own], GREEDY)
+    outcome = engine.step()
+    cached.append(outcome.cached_tokens)
+    assert len(outcome.admitted) == 3
+    while engine.has_unfinished():
+        cached.append(engine.step().cached_tokens)
+    # After everyone finished: the system prompt again may take all but its last block.
+    engine.add_request(system, GREEDY)
+    cached.append(engine.step().cached_tokens)
+    assert cached[0] == 0 + 5 * ENGINE_BS + 5 * ENGINE_BS
+    assert sum(cached[1:-1]) == 0
+    assert cached[-1] == 4 * ENGINE_BS
