@@ -302,10 +302,12 @@ class Engine:
             swapped_out=[request.request_id for request in decision.swapped_out],
             swapped_in=[request.request_id for request in decision.swapped_in],
             admitted=admitted,
+            # Preempted by recompute before, not "recomputes something": a resumed prefill may
+            # find all it had computed in the prefix cache.
             resumed=[
                 row.request.request_id
                 for row in rows
-                if row.recomputed and row.request.request_id in admitted
+                if row.request.num_discarded_tokens and row.request.request_id in admitted
             ],
             row_positions={row.request.request_id: row.num_positions for row in rows},
             rows=len(rows),

@@ -566,3 +566,28 @@ def test_the_cached_tokens_are_what_the_rule_predicts(
     assert cached[0] == 0 + 5 * ENGINE_BS + 5 * ENGINE_BS
     assert sum(cached[1:-1]) == 0
     assert cached[-1] == 4 * ENGINE_BS
+
+
+def test_a_resumption_that_recomputes_nothing_is_still_a_resumption(
+    model: llmengine.Llama,
+) -> None:
+    """A victim evicted mid-prefill on a block boundary finds all it had computed cached.
+
+    The oldest request's growth evicts the youngest after 4 of its 5 prompt positions, one
+    full block, which stays cached while it waits: it resumes at position 4, recomputing
+    nothing, and `outcome.resumed` must name it all the same.
+    """
+    prompts = [[11, 12, 13, 14], [21, 22, 23, 24, 25]]
+    params = [SamplingParams(max_tokens=6, ignore_eos=True), SamplingParams(max_tokens=1)]
+    options = {"num_blocks": 4, "block_size": 4, "num_slots": 2, "max_num_batched_tokens": 2}
+    engine = Engine(model, enable_prefix_caching=True, **options)
+    victim = engine.add_requests(prompts, params)[1]
+    outcomes = [engine.step() for _ in range(20) if engine.has_unfinished()]
+    assert not engine.has_unfinished()
+    (eviction,) = [o for o in outcomes if victim in o.evicted]
+    assert not eviction.swapped_out
+    admission, resumption = [o for o in outcomes if victim in o.admitted]
+    assert (resumption.cached_tokens, resumption.recomputed_tokens) == (4, 0)
+    assert victim not in admission.resumed and victim in resumption.resumed
+    outputs = [engine.release(request_id).output_token_ids for request_id in (0, 1)]
+    assert outputs == Engine(model, **options).generate(prompts, params)
