@@ -421,13 +421,21 @@ class RecordingScheduler(Scheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # (start position, positions computed, positions cached, tokens), at schedule time.
-        self.admissions: list[tuple[int, int, int, int]] = []
+        # (start, positions computed, cached, recomputed, tokens, tokens lost to a preemption
+        # by recompute), each as the row was decided.
+        self.admissions: list[tuple[int, int, int, int, int, int]] = []
 
     def schedule(self) -> SchedulerOutput:
         out = super().schedule()
         self.admissions += [
-            (row.start_position, row.num_positions, row.cached, row.request.num_tokens)
+            (
+                row.start_position,
+                row.num_positions,
+                row.cached,
+                row.recomputed,
+                row.request.num_tokens,
+                row.request.num_discarded_tokens,
+            )
             for row in out.rows
             if row.request in out.admitted
         ]
@@ -467,7 +475,8 @@ def run(
     """Run to completion, integrity checked every step; outputs, outcomes and the engine.
 
     Checks every admission row against the rule: it starts at its cached positions, whole
-    blocks that never include its last token, and without a budget computes all the rest.
+    blocks that never include its last token, and without a budget computes all the rest; a
+    resumed one counts as recomputed only the lost positions it computes, not those cached.
     """
     engine = RecordingEngine(
         model,
@@ -488,13 +497,13 @@ def run(
     assert engine.num_free_swap_blocks == engine.num_swap_blocks
     admissions = engine.scheduler.admissions
     assert len(admissions) == sum(len(o.admitted) for o in outcomes)
-    for start, positions, cached, num_tokens in admissions:
+    for start, positions, cached, recomputed, num_tokens, lost in admissions:
         assert start == cached and cached % ENGINE_BS == 0
         assert cached <= (num_tokens - 1) // ENGINE_BS * ENGINE_BS
+        assert recomputed == max(0, min(start + positions, lost) - cached)
         if pool.get("max_num_batched_tokens") is None:
             assert positions + cached == num_tokens
-        else:
-            assert positions + cached <= num_tokens
+            assert not lost or recomputed == positions  # a decoding victim lost every token
     assert sum(o.cached_tokens for o in outcomes) == sum(a[2] for a in admissions)
     outputs = [engine.release(request_id).output_token_ids for request_id in ids]
     return outputs, outcomes, engine
@@ -591,3 +600,61 @@ def test_a_resumption_that_recomputes_nothing_is_still_a_resumption(
     assert victim not in admission.resumed and victim in resumption.resumed
     outputs = [engine.release(request_id).output_token_ids for request_id in (0, 1)]
     assert outputs == Engine(model, **options).generate(prompts, params)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+def test_serve_takes_enable_prefix_caching_to_the_engine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert build_parser().parse_args(["serve"]).enable_prefix_caching is False
+    assert build_parser().parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching
+
+    def refuse(*args: Any, enable_prefix_caching: bool, **kwargs: Any) -> None:
+        raise ValueError(f"the engine got enable_prefix_caching={enable_prefix_caching}")
+
+    # The flag reaches the engine before any server runs: one that refuses ends the command.
+    monkeypatch.setattr(llmengine, "Engine", refuse)
+    for argv, value in ((["--enable-prefix-caching"], True), ([], False)):
+        assert main(["serve", *argv]) == 2
+        assert f"enable_prefix_caching={value}" in capsys.readouterr().err
+
+
+def served_completion(
+    model: llmengine.Llama, tokenizer: Any, prompt: list[int], enable_prefix_caching: bool
+) -> tuple[list[str], dict[str, float]]:
+    """One greedy completion with n=4 from a served engine: the texts, then /metrics."""
+    engine = Engine(
+        model,
+        num_blocks=64,
+        block_size=ENGINE_BS,
+        num_slots=4,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    with served(engine, tokenizer) as server:
+        result = server.openai().completions.create(
+            model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0, n=4
+        )
+        metrics = server.metrics()
+    return [choice.text for choice in result.choices], metrics
+
+
+def test_the_samples_of_one_served_request_share_its_prompt_blocks(
+    model: llmengine.Llama, tokenizer: Any, system_prompts: list[list[int]]
+) -> None:
+    prompt = system_prompts[0]
+    offline = Engine(model, num_blocks=64, block_size=ENGINE_BS)
+    (tokens,) = offline.generate([prompt], SamplingParams(max_tokens=8))
+    expected = tokenizer.decode(tokens, skip_special_tokens=True)
+    texts, metrics = served_completion(model, tokenizer, prompt, True)
+    assert texts == [expected] * 4
+    # The 4 samples are admitted in one step: the first offers all its full blocks, the other
+    # 3 take every one but the block holding the last prompt token.
+    shared_blocks = (len(prompt) - 1) // ENGINE_BS
+    hits = metrics["llmengine_prefix_cache_hit_tokens_total"]
+    assert hits == 3 * shared_blocks * ENGINE_BS
+    texts_off, metrics_off = served_completion(model, tokenizer, prompt, False)
+    assert texts_off == texts and metrics_off["llmengine_prefix_cache_hit_tokens_total"] == 0
+    forward = metrics["llmengine_forward_tokens_total"]
+    assert metrics_off["llmengine_forward_tokens_total"] - forward == hits
