@@ -13,17 +13,66 @@ victim's full blocks are still cached.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmengine.bench.batchbench import WorkloadRun
+from llmengine.bench.workloads import RequestSpec
+from llmengine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from llmengine.engine import Engine
     from llmengine.outcome import IterationOutcome
     from llmengine.prefix_cache import BlockKey
-    from llmengine.sampling import SamplingParams
+
+# Lesson 21's shared "system prompt": the embedded model knows only Shakespeare.
+SYSTEM_PROMPT = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+    "All:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+    "All:\nResolved. resolved.\n\n"
+)
+# What each request adds after it: the first line of a famous speech.
+SPEECHES = (
+    "ROMEO:\nBut soft, what light through yonder window breaks?",
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?",
+    "HAMLET:\nTo be, or not to be, that is the question.",
+    "KING LEAR:\nBlow, winds, and crack your cheeks! rage! blow!",
+    "MACBETH:\nIs this a dagger which I see before me?",
+    "PORTIA:\nThe quality of mercy is not strain'd.",
+    "OTHELLO:\nIt is the cause, it is the cause, my soul.",
+    "PROSPERO:\nOur revels now are ended.",
+    "BRUTUS:\nThere is a tide in the affairs of men.",
+    "ANTONY:\nFriends, Romans, countrymen, lend me your ears.",
+    "HENRY V:\nOnce more unto the breach, dear friends, once more.",
+    "ORSINO:\nIf music be the food of love, play on.",
+    "RICHARD III:\nNow is the winter of our discontent.",
+    "JAQUES:\nAll the world's a stage.",
+    "MERCUTIO:\nA plague o' both your houses!",
+    "GLOUCESTER:\nAs flies to wanton boys are we to the gods.",
+)
+
+
+def system_prompt_workload(
+    tokenizer: Any, *, budgets: tuple[int, int] = (16, 32), seed: int = 21
+) -> list[RequestSpec]:
+    """One request per speech: `SYSTEM_PROMPT`'s ids (BOS first), then the speech's (no BOS).
+
+    Joining ids rather than texts keeps the shared prefix the same ids in every prompt,
+    whatever the tokenizer would merge at the seam. Budgets are drawn from `budgets`
+    (inclusive) with `seed`; greedy, no early stop, so every request runs its whole budget.
+    """
+    system = tokenizer.encode(SYSTEM_PROMPT)
+    drawn = random.Random(seed).choices(range(budgets[0], budgets[1] + 1), k=len(SPEECHES))
+    return [
+        RequestSpec(
+            tuple(system + tokenizer.encode(speech, add_special_tokens=False)),
+            SamplingParams(max_tokens=budget, temperature=0.0, ignore_eos=True),
+        )
+        for speech, budget in zip(SPEECHES, drawn, strict=True)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
