@@ -110,6 +110,20 @@ def test_day34_sweep_under_swap_recomputes_nothing_and_says_what_it_moved(
     assert results[-1].timing.bytes_swapped > 0 and results[0].timing.bytes_swapped == 0
 
 
+def test_day34_sweep_with_prefix_caching_takes_positions_instead_of_computing_them(
+    model: llmengine.Llama, day34: dict[int, PoolResult]
+) -> None:
+    """The option reaches every engine: resumed victims find some of their own blocks."""
+    results = day34_sweep(model, enable_prefix_caching=True)
+    for result in results:
+        plain = day34[result.pool_blocks]
+        cached = sum(outcome.cached_tokens for outcome in result.run.outcomes)
+        assert result.outputs == plain.outputs
+        assert result.timing.total_forward_tokens + cached == plain.timing.total_forward_tokens
+        assert result.timing.preempted_at == plain.timing.preempted_at
+    assert sum(o.cached_tokens for o in results[seeds.DAY34_POOLS.index(12)].run.outcomes) > 0
+
+
 def test_every_pool_generated_the_same_text(day34: dict[int, PoolResult]) -> None:
     outputs = [day34[pool].outputs for pool in seeds.DAY34_POOLS]
     assert all(output == outputs[0] for output in outputs)

@@ -126,15 +126,16 @@ def sweep_pool_sizes(
     policy: str = "incremental",
     preemption: str = "recompute",
     swap_blocks: int = 0,
+    enable_prefix_caching: bool = False,
     clock: Clock | None = None,
     progress: bool = False,
 ) -> list[PoolResult]:
     """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
 
-    Every engine gets the same `policy`, `preemption` mode and host swap space of
-    `swap_blocks` blocks (see `Engine`). Raises `DivergentOutputError` when any pool's tokens
-    differ from the first pool's, and ValueError (naming the pool) when a pool cannot take
-    the workload at all.
+    Every engine gets the same `policy`, `preemption` mode, host swap space of
+    `swap_blocks` blocks and `enable_prefix_caching` (see `Engine`). Raises
+    `DivergentOutputError` when any pool's tokens differ from the first pool's, and
+    ValueError (naming the pool) when a pool cannot take the workload at all.
     """
     from tqdm.auto import tqdm
 
@@ -150,6 +151,7 @@ def sweep_pool_sizes(
             policy=policy,
             preemption=preemption,
             swap_blocks=swap_blocks,
+            enable_prefix_caching=enable_prefix_caching,
         )
         try:
             run = run_workload(engine, workload, clock=clock)
