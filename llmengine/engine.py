@@ -47,6 +47,10 @@ class Engine:
     that complete a prefill or decode are sampled, so a seeded generator draws the same
     numbers in the same order whatever the cap, and the text does not depend on it.
 
+    `enable_prefix_caching=True` shares full KV blocks between requests whose tokens agree up
+    to the end of the block (lesson 21): a request takes the cached blocks of its prefix
+    instead of computing them, and `IterationOutcome.cached_tokens` says how many positions.
+
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
     """

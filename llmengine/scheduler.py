@@ -42,6 +42,13 @@ The scheduler only says which block goes where (`blocks_to_swap_out`, `blocks_to
 the engine does the copying. A victim whose prefill is unfinished is always preempted by
 recompute: a swapped request comes back as a decode row, which needs all its K/V but the last
 sampled token's, and a partial prefill has neither.
+
+`enable_prefix_caching` (lesson 21) puts a `CachingBlockPool` under the same loop. Full blocks
+are named by their tokens and their parent block's key and offered to the cache as the rows
+that fill them are decided; a (re)admitted request takes its leading cached blocks instead of
+computing them, except the one holding its last token, which its prefill must compute. Blocks
+are reference-counted, so a shared block is held once per table naming it, and a block nobody
+holds stays cached, and free for admission, until the pool evicts it.
 """
 
 from __future__ import annotations
