@@ -57,19 +57,27 @@ def prompt_lens(workload: list[RequestSpec]) -> list[int]:
     return [len(spec.prompt_token_ids) for spec in workload]
 
 
+def lesson_engine(
+    model: llmengine.Llama, caching: bool, tokenizer: object = None
+) -> llmengine.Engine:
+    """The lesson's system-prompt engine: its pool, blocks and slots, caching on or off."""
+    return llmengine.Engine(
+        model,
+        num_blocks=POOL,
+        block_size=BLOCK_SIZE,
+        num_slots=SLOTS,
+        enable_prefix_caching=caching,
+        tokenizer=tokenizer,
+    )
+
+
 @pytest.fixture(scope="module")
 def engine_runs(
     model: llmengine.Llama, workload: list[RequestSpec]
 ) -> dict[bool, tuple[llmengine.Engine, WorkloadRun]]:
     found = {}
     for caching in (False, True):
-        engine = llmengine.Engine(
-            model,
-            num_blocks=POOL,
-            block_size=BLOCK_SIZE,
-            num_slots=SLOTS,
-            enable_prefix_caching=caching,
-        )
+        engine = lesson_engine(model, caching)
         found[caching] = (engine, run_workload(engine, workload))
     return found
 
@@ -176,14 +184,7 @@ def test_system_prompt_over_http_metrics_are_the_engines(
     }
     engine_table = {row["caching"]: row for row in read_report_table("prefix-system-prompt-engine")}
     for caching in (False, True):
-        engine = llmengine.Engine(
-            model,
-            num_blocks=POOL,
-            block_size=BLOCK_SIZE,
-            num_slots=SLOTS,
-            enable_prefix_caching=caching,
-            tokenizer=tokenizer,
-        )
+        engine = lesson_engine(model, caching, tokenizer)
         with served(engine, tokenizer) as server:
             run = run_over_http(f"{server.url}/v1", MODEL_NAME, specs, timeout=TIMEOUT)
             metrics = server.metrics()
