@@ -96,11 +96,7 @@ def format_table(summaries: Sequence[dict[str, Any]]) -> str:
         columns = TABLE_COLUMNS + SWAP_COLUMNS
     cells = [[header for header, _, _ in columns]]
     cells += [[show(summary[key]) for _, key, show in columns] for summary in summaries]
-    widths = [max(len(row[column]) for row in cells) for column in range(len(columns))]
-    lines = [
-        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-        for row in cells
-    ]
+    lines = aligned_lines(cells)
     if summaries:
         same = all(summary["same_text"] for summary in summaries)
         lines.append(f"same text in every pool: {'yes' if same else 'NO'}")
@@ -109,15 +105,32 @@ def format_table(summaries: Sequence[dict[str, Any]]) -> str:
 
 def format_csv(summaries: Sequence[dict[str, Any]]) -> str:
     """The sweep as CSV with the JSON's fields; latencies joined by spaces, None left empty."""
+    return csv_text(
+        [
+            {
+                key: " ".join(map(str, value)) if isinstance(value, list) else value
+                for key, value in summary.items()
+            }
+            for summary in summaries
+        ]
+    )
+
+
+def aligned_lines(cells: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as text lines, two spaces apart, each column right-aligned to its widest."""
+    widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+    return [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
+
+
+def csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    """Flat rows as CSV: every row's keys are columns, in the order first seen; None empty."""
     buffer = io.StringIO()
-    if summaries:
-        writer = csv.DictWriter(buffer, fieldnames=list(summaries[0]), lineterminator="\n")
+    if rows:
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
-        for summary in summaries:
-            writer.writerow(
-                {
-                    key: " ".join(map(str, value)) if isinstance(value, list) else value
-                    for key, value in summary.items()
-                }
-            )
+        writer.writerows(rows)
     return buffer.getvalue()

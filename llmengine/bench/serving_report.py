@@ -10,14 +10,13 @@ request. Goodput counts the completed requests that met every SLO given, per sec
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from llmengine.bench.http_client import HttpRun, RequestRecord
+from llmengine.bench.report import aligned_lines, csv_text
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
@@ -116,9 +115,7 @@ def format_run_table(summaries: Sequence[dict[str, Any]]) -> str:
         if goodput:
             row.append(f"{summary['goodput']:.2f}" if "goodput" in summary else "n/a")
         rows.append(row)
-    widths = [max(len(row[column]) for row in rows) for column in range(len(headers))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
-             for row in rows]  # fmt: skip
+    lines = aligned_lines(rows)
     errors = sorted({error for summary in summaries for error in summary["errors"]})
     lines += [f"failed: {error}" for error in errors]
     return "\n".join(lines)
@@ -138,14 +135,7 @@ def _flat(summary: dict[str, Any]) -> dict[str, Any]:
 
 def format_run_csv(summaries: Sequence[dict[str, Any]]) -> str:
     """Runs as CSV: the JSON's fields, latency objects flattened (`ttft_ms_p50`), None empty."""
-    buffer = io.StringIO()
-    rows = [_flat(summary) for summary in summaries]
-    if rows:
-        fields = list(dict.fromkeys(key for row in rows for key in row))  # every run's, in order
-        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    return buffer.getvalue()
+    return csv_text([_flat(summary) for summary in summaries])
 
 
 def plot_latency_throughput(summaries: Sequence[dict[str, Any]], path: Path | None = None) -> Any:
