@@ -3,7 +3,8 @@
 The summary's keys are the contract's JSON fields (`completed`, `failed`,
 `request_throughput`, `output_token_throughput`, and `ttft_ms`, `itl_ms`, `tpot_ms`,
 `e2e_ms`, each with `mean`, `p50`, `p90`, `p99`); the table and the CSV are views of the same
-dictionaries. Percentiles interpolate linearly between ranks, as numpy's default does.
+dictionaries. Percentiles interpolate linearly between ranks (`timing.percentile`), as
+numpy's default does.
 Inter-token gaps are pooled over every request; time per output token is one value per
 request. Goodput counts the completed requests that met every SLO given, per second.
 """
@@ -17,22 +18,10 @@ from typing import Any
 
 from llmengine.bench.http_client import HttpRun, RequestRecord
 from llmengine.bench.report import aligned_lines, csv_text
+from llmengine.bench.timing import percentile
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) of `values`, interpolating linearly between ranks."""
-    if not values:
-        raise ValueError("no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"a percentile is between 0 and 100, got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def latency_summary(seconds: Sequence[float]) -> dict[str, float | None]:
