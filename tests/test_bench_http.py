@@ -13,7 +13,6 @@ import asyncio
 import csv
 import io
 import json
-import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from llmengine.bench.serving_report import (
 from llmengine.bench.timing import percentile
 from llmengine.bench.workloads import RequestSpec, poisson_arrivals, uniform_burst
 from llmengine.cli import main
+from llmengine.lessons.live_server import free_port
 from llmengine.sampling import SamplingParams
 from llmengine.server import serve_in_thread
 
@@ -147,13 +147,6 @@ def streaming(first_delay: float, gap: float) -> Handler:
 
 def burst(n: int = 3, prompt_len: int = 4, max_tokens: int = 5) -> list[RequestSpec]:
     return uniform_burst(n, prompt_len, max_tokens, vocab_size=1000)
-
-
-def free_port() -> int:
-    """A port nobody listens on: bound once to be handed one, then closed."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- a well-behaved stream: counts and timings -----------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ import httpx
 import pytest
 
 from llmengine.cli import build_parser
+from llmengine.lessons.live_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-cli-91d2e7a35c"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_serve_flags_and_their_defaults() -> None:
