@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmengine.blocks import BlockPool, blocks_for_length
-from llmengine.prefix_cache import CachingBlockPool, block_hash
+from llmengine.prefix_cache import BlockKey, CachingBlockPool, block_hash
 from llmengine.request import Request, RequestState
 
 POLICIES = ("incremental", "reserve")
@@ -389,7 +389,7 @@ class Scheduler:
 
     # -- prefix caching ------------------------------------------------------------------
 
-    def _block_keys(self, request: Request, num_blocks: int) -> list:
+    def _block_keys(self, request: Request, num_blocks: int) -> list[BlockKey]:
         """The keys of `request`'s first `num_blocks` full blocks, each computed once."""
         keys, size = request.block_keys, self.block_size
         while len(keys) < num_blocks:
