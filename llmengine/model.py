@@ -7,6 +7,7 @@ hook, every call is a plain causal forward over the tokens passed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -65,6 +66,50 @@ def causal_mask(query_positions: torch.Tensor, num_keys: int) -> torch.Tensor:
     return (key_positions <= query_positions[..., None])[:, None]
 
 
+class FusedProjections:
+    """Linear layers that read the same input, computed as one matrix product once fused.
+
+    The layers stay the model's parameters, under the checkpoint's names. `fuse()` concatenates
+    their weights once into one matrix and makes each layer's weight a view of its rows: the
+    two spellings share memory, and `apply` then costs one operator instead of one per layer
+    (one kernel launch, one pass over the input). Unfused, `apply` calls the layers in turn.
+    """
+
+    def __init__(self, *layers: nn.Linear) -> None:
+        self.layers = layers
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+
+    @property
+    def is_fused(self) -> bool:
+        return self.weight is not None
+
+    def fuse(self) -> None:
+        """Concatenate the weights (and biases) and point every layer's parameters into them."""
+        self.weight = torch.cat([layer.weight for layer in self.layers])
+        has_bias = self.layers[0].bias is not None
+        self.bias = torch.cat([layer.bias for layer in self.layers]) if has_bias else None
+        start = 0
+        for layer in self.layers:
+            rows = slice(start, start + layer.out_features)
+            layer.weight = nn.Parameter(self.weight[rows], requires_grad=False)
+            if self.bias is not None:
+                layer.bias = nn.Parameter(self.bias[rows], requires_grad=False)
+            start = rows.stop
+
+    def refuse(self) -> None:
+        """After the layers were converted (`.to(...)`), rebuild the fused matrix from them."""
+        if self.is_fused:
+            self.fuse()
+
+    def apply(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each layer's output for input `x`, in the order the layers were given."""
+        if self.weight is None:
+            return [layer(x) for layer in self.layers]
+        out = F.linear(x, self.weight, self.bias)
+        return list(out.split([layer.out_features for layer in self.layers], dim=-1))
+
+
 class RMSNorm(nn.Module):
     """Scale each vector to unit root-mean-square, then by a learned per-channel weight."""
 
@@ -93,6 +138,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.projections = FusedProjections(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -102,9 +148,10 @@ class Attention(nn.Module):
         attention: AttentionHook | None,
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        q, k, v = self.projections.apply(x)
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if attention is None:
             out = grouped_query_attention(q, k, v, is_causal=True)
@@ -122,9 +169,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.projections = FusedProjections(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.projections.apply(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -167,6 +216,25 @@ class Llama(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def fuse_projections(self) -> Llama:
+        """Compute Q, K and V as one matrix product, and gate and up as another, in every layer.
+
+        Parameter names and values are unchanged (the separate weights become views of the
+        fused ones); `load_model` does this once at load. Returns the model.
+        """
+        for layer in self.layers:
+            layer.self_attn.projections.fuse()
+            layer.mlp.projections.fuse()
+        return self
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Llama:
+        # `.to()`, `.half()` and friends replace each parameter; the fused matrices follow them.
+        super()._apply(fn, recurse)
+        for layer in self.layers:
+            layer.self_attn.projections.refuse()
+            layer.mlp.projections.refuse()
+        return self
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain causal forward, no cache: `[B, S]` token ids to `[B, S, vocab]` logits."""

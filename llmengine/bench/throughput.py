@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -450,26 +451,34 @@ def profile_steps(engine: Engine, workload: Sequence[RequestSpec]) -> StepProfil
 # -- what a forward is made of -------------------------------------------------------------
 
 
-def operator_calls(run: Callable[[], object]) -> int:
-    """How many PyTorch operators `run` dispatches (the operators those call in turn not counted).
+def operator_counts(run: Callable[[], object]) -> Counter[str]:
+    """How many times `run` dispatches each PyTorch operator, by name (`aten.mm.default`, ...).
 
-    Counted by a dispatch mode rather than `torch.profiler`, which prints to the terminal.
+    Only the operators called from Python count, not those they call in turn. Counted by a
+    dispatch mode rather than `torch.profiler`, which prints to the terminal.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counting(TorchDispatchMode):
-        calls = 0
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: Counter[str] = Counter()
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
         ) -> Any:
-            self.calls += 1
+            self.counts[str(func)] += 1
             return func(*args, **(kwargs or {}))
 
     counting = Counting()
     with counting:
         run()
-    return counting.calls
+    return counting.counts
+
+
+def operator_calls(run: Callable[[], object]) -> int:
+    """How many PyTorch operators `run` dispatches in all (see `operator_counts`)."""
+    return sum(operator_counts(run).values())
 
 
 def decode_weights(model: Llama) -> list[torch.Tensor]:

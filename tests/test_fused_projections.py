@@ -1,0 +1,86 @@
+"""Fused Q/K/V and gate/up projections: same logits, same names, one matrix product each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_llama import save_random_llama
+
+from llmengine.bench.throughput import operator_counts
+from llmengine.loader import load_model
+from llmengine.model import Llama
+
+
+def unfused_copy(model: Llama) -> Llama:
+    """The same weights in a fresh model whose projections are computed one by one."""
+    copy = Llama(model.config)
+    copy.load_state_dict(model.state_dict())
+    return copy.eval().requires_grad_(False)
+
+
+@pytest.fixture(params=[{}, {"attention_bias": True, "mlp_bias": True}], ids=["plain", "biases"])
+def fused_model(tmp_path, request) -> Llama:
+    save_random_llama(tmp_path, **request.param)
+    return load_model(tmp_path)
+
+
+def ids_for(model: Llama) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(3)
+    return torch.randint(0, model.config.vocab_size, (2, 24), generator=generator)
+
+
+def test_load_model_fuses_every_layer(fused_model):
+    for layer in fused_model.layers:
+        assert layer.self_attn.projections.is_fused
+        assert layer.mlp.projections.is_fused
+    assert not unfused_copy(fused_model).layers[0].self_attn.projections.is_fused
+
+
+def test_fused_logits_equal_unfused(fused_model):
+    ids = ids_for(fused_model)
+    with torch.inference_mode():
+        difference = (fused_model(ids) - unfused_copy(fused_model)(ids)).abs().max().item()
+    assert difference < 1e-5
+
+
+def test_fused_weights_are_the_parameters(fused_model):
+    projections = fused_model.layers[0].self_attn.projections
+    q_proj = fused_model.layers[0].self_attn.q_proj
+    assert q_proj.weight.data_ptr() == projections.weight.data_ptr()
+    with torch.no_grad():
+        q_proj.weight[0, 0] = 123.0
+    assert projections.weight[0, 0].item() == 123.0
+
+
+def test_names_and_count_of_parameters_unchanged(fused_model):
+    unfused = unfused_copy(fused_model)
+    assert fused_model.state_dict().keys() == unfused.state_dict().keys()
+    assert sum(p.numel() for p in fused_model.parameters()) == sum(
+        p.numel() for p in unfused.parameters()
+    )
+
+
+def test_conversion_keeps_the_fused_matrix_in_step(fused_model):
+    fused_model.to(torch.float64)
+    projections = fused_model.layers[1].mlp.projections
+    assert projections.weight.dtype == torch.float64
+    assert fused_model.layers[1].mlp.up_proj.weight.data_ptr() != projections.weight.data_ptr()
+    assert all(
+        layer.weight.untyped_storage().data_ptr() == projections.weight.untyped_storage().data_ptr()
+        for layer in projections.layers
+    )
+
+
+def test_fusing_leaves_three_matrix_products_per_layer(fused_model):
+    ids = ids_for(fused_model)
+    unfused_model = unfused_copy(fused_model)
+    with torch.inference_mode():
+        fused = operator_counts(lambda: fused_model(ids))
+        unfused = operator_counts(lambda: unfused_model(ids))
+
+    def products(counts) -> int:
+        return counts["aten.linear.default"]
+
+    layers = fused_model.config.num_hidden_layers
+    assert products(unfused) == 7 * layers + 1  # q, k, v, o, gate, up, down; the output head
+    assert products(fused) == 4 * layers + 1  # qkv, o, gate-up, down
