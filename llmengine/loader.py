@@ -42,7 +42,8 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
 ) -> Llama:
-    """Load a Llama checkpoint folder, in eval mode with gradients off, projections fused.
+    """Load a Llama checkpoint folder, in eval mode with gradients off, its matrix products
+    prepared (`Llama.pack_weights`: projections fused, weights packed for MKL where possible).
 
     `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
     or its name ("float32", "bfloat16", "float16").
@@ -60,7 +61,7 @@ def load_model(
     }
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return model.to(device).eval().fuse_projections()
+    return model.to(device).eval().pack_weights()
 
 
 class SkipInitialisation(TorchFunctionMode):

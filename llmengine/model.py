@@ -8,6 +8,7 @@ hook, every call is a plain causal forward over the tokens passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmengine.config import LlamaConfig
+from llmengine.projections import LinearGroup
 from llmengine.rope import RotaryEmbedding, apply_rotary
 
 
@@ -66,50 +68,6 @@ def causal_mask(query_positions: torch.Tensor, num_keys: int) -> torch.Tensor:
     return (key_positions <= query_positions[..., None])[:, None]
 
 
-class FusedProjections:
-    """Linear layers that read the same input, computed as one matrix product once fused.
-
-    The layers stay the model's parameters, under the checkpoint's names. `fuse()` concatenates
-    their weights once into one matrix and makes each layer's weight a view of its rows: the
-    two spellings share memory, and `apply` then costs one operator instead of one per layer
-    (one kernel launch, one pass over the input). Unfused, `apply` calls the layers in turn.
-    """
-
-    def __init__(self, *layers: nn.Linear) -> None:
-        self.layers = layers
-        self.weight: torch.Tensor | None = None
-        self.bias: torch.Tensor | None = None
-
-    @property
-    def is_fused(self) -> bool:
-        return self.weight is not None
-
-    def fuse(self) -> None:
-        """Concatenate the weights (and biases) and point every layer's parameters into them."""
-        self.weight = torch.cat([layer.weight for layer in self.layers])
-        has_bias = self.layers[0].bias is not None
-        self.bias = torch.cat([layer.bias for layer in self.layers]) if has_bias else None
-        start = 0
-        for layer in self.layers:
-            rows = slice(start, start + layer.out_features)
-            layer.weight = nn.Parameter(self.weight[rows], requires_grad=False)
-            if self.bias is not None:
-                layer.bias = nn.Parameter(self.bias[rows], requires_grad=False)
-            start = rows.stop
-
-    def refuse(self) -> None:
-        """After the layers were converted (`.to(...)`), rebuild the fused matrix from them."""
-        if self.is_fused:
-            self.fuse()
-
-    def apply(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each layer's output for input `x`, in the order the layers were given."""
-        if self.weight is None:
-            return [layer(x) for layer in self.layers]
-        out = F.linear(x, self.weight, self.bias)
-        return list(out.split([layer.out_features for layer in self.layers], dim=-1))
-
-
 class RMSNorm(nn.Module):
     """Scale each vector to unit root-mean-square, then by a learned per-channel weight."""
 
@@ -138,7 +96,35 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.projections = FusedProjections(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv = LinearGroup(self.q_proj, self.k_proj, self.v_proj)
+        self.output_projection = LinearGroup(self.o_proj)
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values `[B, S, heads, head_dim]`, rotary applied to q and k."""
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv.split(x)
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention: AttentionHook | None,
+    ) -> torch.Tensor:
+        """Causal attention over `k`, `v` alone, or whatever the hook (a cache) holds."""
+        if attention is None:
+            return grouped_query_attention(q, k, v, is_causal=True)
+        return attention.attend(self.layer_index, q, k, v)
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        """Merge the heads `[B, S, heads, head_dim]` and project back to the hidden size."""
+        return self.output_projection(attended.flatten(2))
 
     def forward(
         self,
@@ -147,17 +133,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attention: AttentionHook | None,
     ) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = self.projections.apply(x)
-        q = q.view(batch, seq, self.num_heads, self.head_dim)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if attention is None:
-            out = grouped_query_attention(q, k, v, is_causal=True)
-        else:
-            out = attention.attend(self.layer_index, q, k, v)
-        return self.o_proj(out.reshape(batch, seq, self.num_heads * self.head_dim))
+        return self.output(self.attend(*self.project(x, cos, sin), attention))
 
 
 class MLP(nn.Module):
@@ -169,11 +145,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.projections = FusedProjections(self.gate_proj, self.up_proj)
+        self.gate_up = LinearGroup(self.gate_proj, self.up_proj)
+        self.down = LinearGroup(self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.projections.apply(x)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up.split(x)
+        return self.down(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -186,15 +163,45 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    def attention_inputs(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything before attention: norm, then the rotated queries, keys and values."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Everything after: output projection and residual, then norm, MLP and residual."""
+        x = x + self.self_attn.output(attended)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: AttentionHook | None,
+        steps: LayerSteps | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """One layer. Only attention mixes positions; the rest treats each one on its own,
+        which is why `steps` (say, compiled versions of the two halves) can replace it."""
+        steps = EAGER_STEPS if steps is None else steps
+        q, k, v = steps.attention_inputs(self, x, cos, sin)
+        return steps.after_attention(self, x, self.self_attn.attend(q, k, v, attention))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSteps:
+    """The two position-wise halves of a decoder layer, as functions of (layer, tensors...).
+
+    Eager they are `DecoderLayer`'s own methods; `llmengine.compiled` supplies compiled ones.
+    Attention, which differs in shape from step to step, always runs between them as it is.
+    """
+
+    attention_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    after_attention: Callable[..., torch.Tensor]
+
+
+EAGER_STEPS = LayerSteps(DecoderLayer.attention_inputs, DecoderLayer.after_attention)
 
 
 class Llama(nn.Module):
@@ -216,24 +223,42 @@ class Llama(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.output_head = LinearGroup(self.embed_tokens if self.lm_head is None else self.lm_head)
+
+    def linear_groups(self) -> list[LinearGroup]:
+        """Every matrix product of a forward, as the groups that compute it (see projections)."""
+        groups = [self.output_head]
+        for layer in self.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            groups += [attention.qkv, attention.output_projection, mlp.gate_up, mlp.down]
+        return groups
 
     def fuse_projections(self) -> Llama:
         """Compute Q, K and V as one matrix product, and gate and up as another, in every layer.
 
         Parameter names and values are unchanged (the separate weights become views of the
-        fused ones); `load_model` does this once at load. Returns the model.
+        fused ones). Returns the model.
         """
-        for layer in self.layers:
-            layer.self_attn.projections.fuse()
-            layer.mlp.projections.fuse()
+        for group in self.linear_groups():
+            group.fuse()
+        return self
+
+    def pack_weights(self) -> Llama:
+        """Fuse, then give every weight MKL's packed copy where `can_pack` allows (a float32
+        model on an MKL CPU); elsewhere the model stays fused only. Returns the model.
+
+        The packed copies are made now: a weight changed in place later is not seen by them
+        until `pack_weights` runs again (moving the model with `.to()` repacks by itself).
+        """
+        for group in self.linear_groups():
+            group.pack()
         return self
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Llama:
-        # `.to()`, `.half()` and friends replace each parameter; the fused matrices follow them.
+        # `.to()`, `.half()` and friends replace each parameter; the prepared copies follow.
         super()._apply(fn, recurse)
-        for layer in self.layers:
-            layer.self_attn.projections.refuse()
-            layer.mlp.projections.refuse()
+        for group in self.linear_groups():
+            group.refresh()
         return self
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -247,19 +272,20 @@ class Llama(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         attention: AttentionHook | None = None,
+        steps: LayerSteps | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states `[B, S, hidden]` for tokens at the given positions.
 
         `positions` `[B, S]` drives the rotary angles, so each row may start anywhere.
         `attention` decides what the new queries see; None means causal over `input_ids`.
+        `steps` replaces the layers' position-wise halves (None: eager).
         """
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, attention)
+            x = layer(x, cos, sin, attention, steps)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states to vocabulary logits (only where the caller needs them)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return self.output_head(hidden)
