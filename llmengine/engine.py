@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from llmengine.blocks import blocks_for_length
-from llmengine.model import Llama
+from llmengine.compiled import compiled_layer_steps, warm_up
+from llmengine.model import LayerSteps, Llama
 from llmengine.outcome import IterationOutcome, TokenLogprobs
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.request import Request, RequestState
@@ -51,6 +52,10 @@ class Engine:
     to the end of the block (lesson 21): a request takes the cached blocks of its prefix
     instead of computing them, and `IterationOutcome.cached_tokens` says how many positions.
 
+    `compile=True` runs the position-wise halves of every layer through `torch.compile`
+    (`llmengine.compiled`), compiled once when the engine is built (`compile_seconds`);
+    attention and everything else stay as they are. The default keeps the eager forward.
+
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
     """
@@ -70,9 +75,17 @@ class Engine:
         swap_blocks: int = 0,
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = False,
+        compile: bool = False,
         tokenizer: Any = None,
     ) -> None:
         self.model = model
+        # Compiled halves of every layer (llmengine.compiled), compiled here rather than on
+        # the first requests; compile_seconds says what that cost.
+        self.layer_steps: LayerSteps | None = None
+        self.compile_seconds = 0.0
+        if compile:
+            self.layer_steps = compiled_layer_steps()
+            self.compile_seconds = warm_up(model, self.layer_steps)
         self.tokenizer = tokenizer
         self.scheduler = self.scheduler_class(
             num_blocks,
@@ -250,7 +263,8 @@ class Engine:
         self.cache.swap_in(decision.blocks_to_swap_in)
         for row in decision.rows:
             self.slot_owners[row.request.slot] = row.request.request_id
-        logits = paged_forward(self.model, self.cache, [paged_row(row) for row in decision.rows])
+        rows = [paged_row(row) for row in decision.rows]
+        logits = paged_forward(self.model, self.cache, rows, self.layer_steps)
         tokens, logprobs = self._sample(decision.rows, logits)
         finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
         for request in finished:

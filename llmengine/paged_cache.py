@@ -18,7 +18,7 @@ import torch
 
 from llmengine.blocks import blocks_for_length
 from llmengine.config import LlamaConfig
-from llmengine.model import Llama, causal_mask, grouped_query_attention
+from llmengine.model import LayerSteps, Llama, causal_mask, grouped_query_attention
 
 
 @dataclass(slots=True)
@@ -184,9 +184,12 @@ def flat_indices(table: torch.Tensor, positions: torch.Tensor, block_size: int) 
     return table.gather(1, positions // block_size) * block_size + positions % block_size
 
 
-def paged_forward(model: Llama, cache: PagedKVCache, rows: list[PagedRow]) -> torch.Tensor:
+def paged_forward(
+    model: Llama, cache: PagedKVCache, rows: list[PagedRow], steps: LayerSteps | None = None
+) -> torch.Tensor:
     """One forward over rows of any lengths; logits `[len(rows), vocab]` at each last new position.
 
+    `steps` replaces the layers' position-wise halves (compiled ones, say); None runs eager.
     Computes `positions_computed(rows)` positions (pad excluded) and leaves their K/V in the
     cache, so the next call for a row starts at `start_position + len(token_ids)`.
     """
@@ -196,7 +199,7 @@ def paged_forward(model: Llama, cache: PagedKVCache, rows: list[PagedRow]) -> to
     input_ids = torch.tensor(
         [[token for row in rows for token in row.token_ids]], device=cache.device
     )
-    hidden = model.forward_hidden(input_ids, attention.positions, attention)
+    hidden = model.forward_hidden(input_ids, attention.positions, attention, steps)
     return model.compute_logits(hidden[0, attention.last_new])
 
 

@@ -117,7 +117,9 @@ class LinearGroup:
             self.pack()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        # Inductor cannot lower MKL's packed product for a symbolic row count; a compiled
+        # forward takes the plain weight and leaves the product to inductor's own choice.
+        if self.packed is not None and not torch.compiler.is_compiling():
             return self.packed.linear(x, self.bias)
         if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
