@@ -103,7 +103,8 @@ def transformers_rows(
 
     hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype_name])
     runners = throughput.standard_runners(model, hf.to("cuda").eval(), BLOCK_SIZE)
-    baselines = [name for name in throughput.ENGINES[1:] if name not in args.skip]
+    skipped = set(args.skip.split(","))
+    baselines = [name for name in throughput.ENGINES[1:] if name not in skipped]
     runners = {name: runners[name] for name in ("llmengine", *baselines)}
     rows = []
     for batch in batches:
