@@ -16,8 +16,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from llmengine.config import DTYPES
 from llmengine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from llmengine.model import Llama
 
 Subparsers = argparse._SubParsersAction  # argparse exposes no public name for this type
 EXIT_USAGE = 2
@@ -38,6 +43,29 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--device` and `--dtype`: where the model and its KV cache live, and in what precision.
+
+    Both default to None (the CPU, float32), so a mode that has no model can refuse them. A
+    device this machine lacks is refused by `load_model`, as a one-line error.
+    """
+    parser.add_argument(
+        "--device", default=None, metavar="DEVICE",
+        help="where the weights and the KV cache live: cpu (default), cuda or cuda:N",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dtype", choices=(*DTYPES, "auto"), default=None,
+        help="weights and KV cache precision (default float32; auto: the checkpoint's own)",
+    )  # fmt: skip
+
+
+def _load_model(args: argparse.Namespace, path: Path | None) -> Llama:
+    """The checkpoint at `path` on the `--device` and in the `--dtype` the command was given."""
+    import llmengine
+
+    return llmengine.load_model(path, device=args.device or "cpu", dtype=args.dtype)
+
+
 def _run_generate(args: argparse.Namespace) -> int:
     """Complete one prompt through the engine, printing the text as the tokens arrive.
 
@@ -55,7 +83,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     import llmengine
     from llmengine.detokenizer import IncrementalDecoder
 
-    model = llmengine.load_model(args.model)
+    model = _load_model(args, args.model)
     tokenizer = llmengine.load_tokenizer(args.model)
     prompt_ids = tokenizer.encode(args.prompt)
     # One request alone: a pool that holds its worst case, so it is never preempted.
@@ -97,6 +125,7 @@ def add_generate(subparsers: Subparsers) -> None:
         "a summary (tokens, tokens/s) goes to stderr.",
     )
     add_model_argument(parser)
+    add_device_arguments(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-tokens",
@@ -194,7 +223,6 @@ def _run_bench_pools(args: argparse.Namespace) -> int:
     """Run the uniform burst through one engine per pool size and print one row per pool."""
     import json
 
-    import llmengine
     from llmengine.bench.batchbench import DivergentOutputError, sweep_pool_sizes
     from llmengine.bench.report import format_csv, format_table, sweep_summary
     from llmengine.bench.workloads import uniform_burst
@@ -203,7 +231,7 @@ def _run_bench_pools(args: argparse.Namespace) -> int:
     policy = args.policy or "incremental"
     preemption = args.preemption or "recompute"
     swap_blocks = args.swap_blocks or 0
-    model = llmengine.load_model(None if args.model is None else Path(args.model))
+    model = _load_model(args, None if args.model is None else Path(args.model))
     workload = uniform_burst(
         args.requests, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
     )
@@ -255,7 +283,8 @@ def _run_bench_url(args: argparse.Namespace) -> int:
     )
     from llmengine.bench.workloads import poisson_arrivals, uniform_burst
 
-    _check_bench_options(args, (), [*LOCAL_BENCH_OPTIONS, "policy", "preemption", "swap_blocks"])
+    local_only = [*LOCAL_BENCH_OPTIONS, "policy", "preemption", "swap_blocks", "device", "dtype"]
+    _check_bench_options(args, (), local_only)
     if args.request_rate is not None and args.request_rates is not None:
         raise ValueError("give --request-rate or --request-rates, not both")
     timeout = args.timeout or DEFAULT_BENCH_TIMEOUT_S
@@ -349,6 +378,7 @@ def add_bench(subparsers: Subparsers) -> None:
         "--swap-blocks", type=_non_negative_int, default=None, metavar="N",
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
     )  # fmt: skip
+    add_device_arguments(local)
     remote = parser.add_argument_group("a server (with --url)")
     remote.add_argument(
         "--url", default=None, metavar="http://HOST:PORT/v1",
@@ -407,7 +437,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     folder = model_folder(args.model)
     tokenizer = llmengine.load_tokenizer(args.model)
     engine = llmengine.Engine(
-        llmengine.load_model(args.model),
+        _load_model(args, args.model),
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         num_slots=args.max_num_seqs,
@@ -438,6 +468,7 @@ def add_serve(subparsers: Subparsers) -> None:
         "/metrics from one engine, until SIGINT or SIGTERM.",
     )
     add_model_argument(parser)
+    add_device_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_non_negative_int, default=8000, help="default 8000")
     parser.add_argument(

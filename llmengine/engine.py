@@ -180,7 +180,8 @@ class Engine:
         self.scheduler.add(request)
         self._next_id += 1
         self._requests[request.request_id] = request
-        self._generators[request.request_id] = make_generator(params)
+        # On the cache's device: a CUDA row cannot draw from a CPU generator.
+        self._generators[request.request_id] = make_generator(params, self.cache.device)
         return request.request_id
 
     def add_requests(

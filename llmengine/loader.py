@@ -46,8 +46,11 @@ def load_model(
     prepared (`Llama.pack_weights`: projections fused, weights packed for MKL where possible).
 
     `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
-    or its name ("float32", "bfloat16", "float16").
+    or its name ("float32", "bfloat16", "float16"). `device` is where the weights go
+    ("cpu", "cuda", "cuda:1", ...); one this machine does not have raises ValueError before
+    anything is read.
     """
+    target_device = resolve_device(device)
     folder = model_folder(path)
     config = LlamaConfig.from_file(folder / "config.json")
     target_dtype = resolve_dtype(dtype, config)
@@ -61,7 +64,7 @@ def load_model(
     }
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return model.to(device).eval().pack_weights()
+    return model.to(target_device).eval().pack_weights()
 
 
 class SkipInitialisation(TorchFunctionMode):
@@ -79,6 +82,27 @@ class SkipInitialisation(TorchFunctionMode):
         if getattr(func, "__module__", None) == torch.nn.init.__name__:
             return args[0] if args else kwargs["tensor"]
         return func(*args, **kwargs)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Turn the `device` argument of `load_model` into a torch device this machine has.
+
+    Checked here because torch's own errors for a missing GPU ("Torch not compiled with CUDA
+    enabled", an invalid device ordinal) come late, from deep inside the first copy.
+    """
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from None
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ValueError(f"device {device!r} asked for, but torch sees {count} CUDA devices")
+    elif target.type != "cpu":
+        raise ValueError(f"unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
+    return target
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, config: LlamaConfig) -> torch.dtype:

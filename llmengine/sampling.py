@@ -2,8 +2,11 @@
 
 `sample_tokens` picks one token per row of a batch of logits; every seeded request draws from
 its own `torch.Generator`, and rows are sampled one at a time, so a seeded request gets the
-same tokens whatever else shares its batch. `SamplingParams` and the stop rule
-`finish_reason` live in `llmengine.params` (no tensors) and are re-exported here.
+same tokens whatever else shares its batch. Every token stays on the logits' device until
+`sample_tokens` returns, which reads them all back in one transfer: on a GPU a step waits for
+the device once, not once per row (a top-p row alone waits once more, to cut its candidates).
+`SamplingParams` and the stop rule `finish_reason` live in `llmengine.params` (no tensors) and
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "TokenLogprobs",
     "apply_penalties",
     "candidate_distribution",
+    "draw_one",
     "finish_reason",
     "make_generator",
     "sample_tokens",
@@ -107,13 +111,24 @@ def candidate_distribution(
     return order[: len(probs)], probs
 
 
+def draw_one(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index drawn with probability `probs` (`[n]`), as a `[1]` tensor on their device.
+
+    The exponential race: the argmax of `probs / q`, `q` independent Exp(1) draws, is index i
+    with probability `probs[i]`. It is how `torch.multinomial` draws one sample, so the
+    generator gives the same index and moves as far; unlike `torch.multinomial` it does not
+    read a validity check back to the host, which on a GPU would wait for the device.
+    """
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax().view(1)
+
+
 def _sample_row(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> int:
-    """One draw from `candidate_distribution` of a single row of logits."""
+) -> torch.Tensor:
+    """One draw from `candidate_distribution` of a single row of logits, as a `[1]` tensor."""
     tokens, probs = candidate_distribution(logits, params)
-    choice = torch.multinomial(probs, num_samples=1, generator=generator)
-    return int(tokens[choice].item())
+    return tokens[draw_one(probs, generator)]
 
 
 def sample_tokens(
@@ -137,7 +152,7 @@ def sample_tokens(
         )
     if histories is None and any(row_params.has_penalties for row_params in params):
         raise ValueError("a row has penalties, so sample_tokens needs every row's history")
-    tokens = logits.argmax(dim=-1).tolist()
+    tokens = logits.argmax(dim=-1)
     for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
         if row_params.greedy and not row_params.has_penalties:
             continue
@@ -145,7 +160,7 @@ def sample_tokens(
         if row_params.has_penalties:
             row_logits = apply_penalties(row_logits, row_params, histories[row])
         if row_params.greedy:
-            tokens[row] = int(row_logits.argmax().item())
+            tokens[row : row + 1] = row_logits.argmax().view(1)
         else:
-            tokens[row] = _sample_row(row_logits, row_params, generator)
-    return tokens
+            tokens[row : row + 1] = _sample_row(row_logits, row_params, generator)
+    return tokens.tolist()

@@ -615,6 +615,8 @@ def test_the_api_key_is_sent_as_a_bearer_token(
     ("args", "message"),
     [
         (["--url", "http://127.0.0.1:1/v1", "--pools", "8"], "--pools not used with --url"),
+        (["--url", "http://127.0.0.1:1/v1", "--device", "cpu", "--dtype", "bfloat16"],
+         "--device, --dtype not used with --url"),
         (
             ["--url", "http://127.0.0.1:1/v1", "--request-rate", "2", "--request-rates", "2,4"],
             "--request-rate or --request-rates, not both",

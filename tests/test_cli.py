@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hf_llama import save_random_llama, save_word_level_tokenizer
 from tokenizers import decoders, pre_tokenizers
 
@@ -112,6 +113,27 @@ def test_sampling_flags_reach_the_sampler(
     model, tokenizer = llmengine.load_model(checkpoint), llmengine.load_tokenizer(checkpoint)
     params = SamplingParams(max_tokens=6, temperature=1.5, top_k=8, top_p=0.9, seed=4)
     assert first == generate_text(model, tokenizer, "w1", params) + "\n"
+
+
+def test_dtype_reaches_the_model(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "w3", "--max-tokens", "5"]
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    model = llmengine.load_model(checkpoint, dtype="bfloat16")
+    expected = generate_text(
+        model, llmengine.load_tokenizer(checkpoint), "w3", SamplingParams(max_tokens=5)
+    )
+    assert capsys.readouterr().out == expected + "\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize("command", [["generate", "--prompt", "w1"], ["serve"]])
+def test_a_missing_gpu_is_a_one_line_error(
+    checkpoint: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    assert main([*command, "--model", str(checkpoint), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    message = "device 'cuda' asked for, but torch sees no CUDA device"
+    assert err == f"llmengine {command[0]}: error: {message}\n"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from llmengine.config import LlamaConfig
-from llmengine.loader import load_model
+from llmengine.loader import load_model, resolve_device
 from llmengine.tokenizer import load_tokenizer
 
 BASE = {
@@ -70,6 +70,29 @@ def test_unsupported_rope_type(rope, name):
 def test_missing_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu", "unknown device 'gpu'"),
+        ("meta", "unsupported device 'meta'"),
+        pytest.param(
+            "cuda",
+            "torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has one"),
+        ),
+        pytest.param(
+            f"cuda:{torch.cuda.device_count()}",
+            "CUDA device",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_a_device_this_machine_lacks_is_refused_before_loading(tmp_path, device, message):
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path / "never-read", device=device)
+    assert resolve_device("cpu") == torch.device("cpu")
 
 
 def test_gpt2_config_is_rejected(tmp_path):

@@ -9,6 +9,7 @@ import llmengine
 from llmengine.sampling import (
     SamplingParams,
     candidate_distribution,
+    draw_one,
     finish_reason,
     make_generator,
     sample_tokens,
@@ -209,3 +210,17 @@ def test_candidate_distribution_of_greedy_is_the_argmax() -> None:
     logits = random_logits(1, 3)[0]
     tokens, kept = candidate_distribution(logits, SamplingParams())
     assert tokens.tolist() == [int(logits.argmax())] and kept.tolist() == [1.0]
+
+
+def test_draw_one_draws_what_multinomial_draws_and_moves_the_generator_as_far() -> None:
+    """Seeded texts stay as they were: the same index, and the next draw the same too."""
+    lengths = torch.Generator().manual_seed(1)
+    for seed in range(200):
+        size = int(torch.randint(1, 200, (1,), generator=lengths))
+        probs = torch.softmax(torch.randn(size, generator=lengths) * 3, dim=-1)
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(3):
+            assert (
+                draw_one(probs, ours).tolist()
+                == torch.multinomial(probs, 1, generator=theirs).tolist()
+            )

@@ -166,7 +166,9 @@ def run_generate(
     budgets = budgets_of(workload)
 
     def serve() -> list[list[int]]:
-        input_ids, attention_mask = left_padded(prompts_of(workload))
+        input_ids, attention_mask = (
+            tensor.to(hf_model.device) for tensor in left_padded(prompts_of(workload))
+        )
         with torch.inference_mode():
             out = hf_model.generate(
                 input_ids=input_ids,

@@ -1,0 +1,103 @@
+"""The same engine on a GPU: the model, the engine and the server on CUDA agree with the CPU.
+
+Skipped without a CUDA device (CI has none); `scripts/check_cuda.sh` runs them on one.
+float32 on the GPU is held to the CPU's tolerances against transformers; bfloat16 only to
+its own uncached forward, since its rounding differs from float32's everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_runs import prompts_for
+from hf_llama import greedy, hf_greedy, save_random_llama
+from server_helpers import MODEL_NAME
+from test_model_parity import CASES, assert_same_logits, random_ids
+
+import llmengine
+from llmengine.bench.http_client import run_over_http
+from llmengine.bench.workloads import uniform_burst
+from llmengine.lessons.live_server import live_server
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+GREEDY = llmengine.SamplingParams(max_tokens=16)
+SEEDED = llmengine.SamplingParams(
+    max_tokens=16, temperature=0.9, top_k=40, top_p=0.9, seed=7, ignore_eos=True
+)
+
+
+@pytest.fixture(scope="module")
+def cuda_model() -> llmengine.Llama:
+    """The embedded model on the GPU, float32."""
+    return llmengine.load_model(device="cuda")
+
+
+def engine_on(model: llmengine.Llama, **options: object) -> llmengine.Engine:
+    return llmengine.Engine(model, num_blocks=64, block_size=16, num_slots=8, **options)
+
+
+def test_embedded_model_on_cuda_gives_the_cpu_logits(model, cuda_model) -> None:
+    ids = random_ids(model.config.vocab_size, (2, 48))
+    with torch.no_grad():
+        expected = model(ids)
+        actual = cuda_model(ids.cuda()).cpu()
+    assert (actual - expected).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+def test_logits_and_greedy_match_transformers_on_cuda(tmp_path: Path, overrides: dict) -> None:
+    hf = save_random_llama(tmp_path, **overrides).cuda()
+    model = llmengine.load_model(tmp_path, device="cuda")
+    ids = random_ids(hf.config.vocab_size, (2, 48)).cuda()
+    assert_same_logits(hf, model, ids)
+    prompt = ids[:, :6]
+    assert greedy(model, prompt, 16) == hf_greedy(hf, prompt, 16)
+
+
+def test_the_engine_lives_on_the_model_device(cuda_model) -> None:
+    engine = engine_on(cuda_model, preemption="swap", swap_blocks=4)
+    assert {tensor.device.type for tensor in engine.cache.keys + engine.cache.values} == {"cuda"}
+    host = engine.cache.host_keys + engine.cache.host_values
+    assert all(tensor.device.type == "cpu" and tensor.is_pinned() for tensor in host)
+
+
+def test_engine_on_cuda_generates_the_cpu_greedy_tokens(model, cuda_model) -> None:
+    prompts = prompts_for(0, 6, model.config.vocab_size)
+    assert engine_on(cuda_model).generate(prompts, GREEDY) == engine_on(model).generate(
+        prompts, GREEDY
+    )
+
+
+def test_seeded_sampling_on_cuda_repeats(cuda_model) -> None:
+    """Each seeded request draws from a generator on the GPU, and the same seed repeats."""
+    prompts = prompts_for(1, 4, cuda_model.config.vocab_size)
+    first = engine_on(cuda_model).generate(prompts, SEEDED)
+    assert engine_on(cuda_model).generate(prompts, SEEDED) == first
+    assert all(len(tokens) == SEEDED.max_tokens for tokens in first)
+
+
+def test_bfloat16_engine_matches_its_uncached_greedy() -> None:
+    model = llmengine.load_model(device="cuda", dtype=torch.bfloat16)
+    engine = engine_on(model)
+    assert engine.cache.keys[0].dtype == torch.bfloat16
+    prompt = prompts_for(2, 1, model.config.vocab_size)[0]
+    steps = 8
+    params = llmengine.SamplingParams(max_tokens=steps, ignore_eos=True)
+    (tokens,) = engine.generate([prompt], params)
+    assert tokens == greedy(model, torch.tensor([prompt], device="cuda"), steps)[0]
+
+
+def test_server_on_cuda_returns_the_cpu_engine_texts(model, tokenizer) -> None:
+    burst = uniform_burst(8, 16, 16, vocab_size=1000, seed=3)
+    prompts = [list(spec.prompt_token_ids) for spec in burst]
+    outputs = engine_on(model).generate(prompts, burst[0].params)
+    expected = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+    options = ["--device", "cuda", "--served-model-name", MODEL_NAME, "--num-blocks", "64"]
+    with live_server(options) as server:
+        run = run_over_http(server.api, MODEL_NAME, burst)
+    assert [record.error for record in run.records] == [None] * len(burst)
+    assert [record.text for record in run.records] == expected
+    assert server.exit_code == [0]
