@@ -79,9 +79,9 @@ def test_resumed_request_prefills_prompt_plus_everything_it_generated(
     seen: list[list] = []
     real_forward = engine_module.paged_forward
 
-    def recording_forward(model, cache, rows):  # noqa: ANN001, ANN202
+    def recording_forward(model, cache, rows, steps=None):  # noqa: ANN001, ANN202
         seen.append([(list(row.token_ids), row.start_position) for row in rows])
-        return real_forward(model, cache, rows)
+        return real_forward(model, cache, rows, steps)
 
     monkeypatch.setattr(engine_module, "paged_forward", recording_forward)
     engine = Engine(model, num_blocks=8, block_size=4, num_slots=4)
