@@ -446,6 +446,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         swap_blocks=args.swap_blocks,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching,
+        compile=args.compile,
         tokenizer=tokenizer,
     )
     app = create_app(
@@ -501,6 +502,11 @@ def add_serve(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--enable-prefix-caching", action="store_true",
         help="share the K/V blocks of equal prompt prefixes between requests",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compile", action="store_true",
+        help="compile each layer's position-wise halves with torch.compile at start-up "
+        "(lesson 23; on a CPU it costs seconds and buys little)",
     )  # fmt: skip
     parser.add_argument(
         "--max-waiting", type=_positive_int, default=256, metavar="W",

@@ -9,6 +9,7 @@ from hf_llama import save_random_llama
 from torch._dynamo.utils import counters
 
 import llmengine
+from llmengine.cli import main
 from llmengine.compiled import compiled_layer_steps, warm_up
 from llmengine.loader import load_model
 
@@ -56,3 +57,14 @@ def test_engine_compile_flag_compiles_at_construction(model):
     assert engine.layer_steps is not None
     assert engine.compile_seconds > 0
     assert llmengine.Engine(model, num_blocks=8).layer_steps is None
+
+
+def test_serve_takes_compile_to_the_engine(monkeypatch, capsys):
+    def refuse(*args, compile: bool, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise ValueError(f"the engine got compile={compile}")
+
+    # The flag reaches the engine before any server runs: one that refuses ends the command.
+    monkeypatch.setattr(llmengine, "Engine", refuse)
+    for argv, value in ((["--compile"], True), ([], False)):
+        assert main(["serve", *argv]) == 2
+        assert f"compile={value}" in capsys.readouterr().err
