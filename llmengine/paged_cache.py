@@ -3,11 +3,17 @@
 Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as
 `num_blocks * block_size` entries, each found by its flat index `block_id * block_size +
 offset`. A sequence owns any blocks, in any order; position p lives at flat index
-`block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
-of different lengths (prefills and decodes together): the new tokens of every row are packed
-into one sequence, so the projections and the MLP compute exactly the real positions and no
-pad; only attention lays them out as a padded `[rows, longest]` batch, because each row reads
-its own K/V, gathered through its block table.
+`block_ids[p // block_size] * block_size + p % block_size`.
+
+One forward serves rows of different lengths (prefills and decodes together): the new tokens
+of every row are packed into one sequence, so the projections and the MLP compute exactly the
+real positions and no pad. Attention runs once per group of rows with the same number of new
+positions, each group as a `[rows, new]` query batch: all rows when every row computes the same
+number (the packed sequence is then that batch, read without a copy), else the decode rows
+together and every prefill row alone, so no decode query is padded to a prefill's length. A
+group reads its rows' K/V by whole blocks, one index per block of its block table, as
+`[rows, blocks * block_size]` keys; a mask hides the keys past each query's position (later
+positions, a last block's unused tail, the pad blocks of a shorter table).
 """
 
 from __future__ import annotations
