@@ -181,8 +181,8 @@ class _RowGroup:
 
     Queries are `[rows, n]`, keys the rows' whole blocks cut to the longest end among them.
     The mask hides the keys past each query's position, which covers a row's pad blocks and
-    the unused tail of its last block; it is dropped when it would hide nothing (every row
-    ends at the last key and decodes one position) or is plain causal (one row from position 0).
+    the unused tail of its last block. It is dropped when every row ends at the last key and
+    either decodes one position (it would hide nothing) or starts at 0 (it is plain causal).
     """
 
     def __init__(
