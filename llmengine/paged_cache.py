@@ -3,16 +3,23 @@
 Storage per layer is `[num_blocks, block_size, kv_heads, head_dim]`, seen flat as
 `num_blocks * block_size` entries, each found by its flat index `block_id * block_size +
 offset`. A sequence owns any blocks, in any order; position p lives at flat index
-`block_ids[p // block_size] * block_size + p % block_size`. One forward serves rows
-of different lengths (prefills and decodes together): the new tokens of every row are packed
-into one sequence, so the projections and the MLP compute exactly the real positions and no
-pad; only attention lays them out as a padded `[rows, longest]` batch, because each row reads
-its own K/V, gathered through its block table.
+`block_ids[p // block_size] * block_size + p % block_size`.
+
+One forward serves rows of different lengths (prefills and decodes together): the new tokens
+of every row are packed into one sequence, so the projections and the MLP compute exactly the
+real positions and no pad. Attention runs once per group of rows with the same number of new
+positions, each group as a `[rows, new]` query batch: all rows when every row computes the same
+number (the packed sequence is then that batch, read without a copy), else the decode rows
+together and every prefill row alone, so no decode query is padded to a prefill's length. A
+group reads its rows' K/V by whole blocks, one index per block of its block table, as
+`[rows, blocks * block_size]` keys; a mask hides the keys past each query's position (later
+positions, a last block's unused tail, the pad blocks of a shorter table).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -100,62 +107,125 @@ class PagedKVCache:
         self.keys[layer_index].flatten(0, 1).index_copy_(0, flat_indices, k)
         self.values[layer_index].flatten(0, 1).index_copy_(0, flat_indices, v)
 
-    def gather(
-        self, layer_index: int, flat_indices: torch.Tensor
+    def gather_blocks(
+        self, layer_index: int, block_table: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V at flat indices of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
-        flat = flat_indices.flatten()
-        shape = (*flat_indices.shape, *self.keys[layer_index].shape[2:])
-        keys = self.keys[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
-        values = self.values[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
+        """K and V of whole blocks: block ids `[B, W]` to `[B, W * block_size, kv_heads, head_dim]`.
+
+        One index per block, not per position: row b's key j is its position j.
+        """
+        shape = (block_table.shape[0], -1, *self.keys[layer_index].shape[2:])
+        ids = block_table.flatten()
+        keys = self.keys[layer_index].index_select(0, ids).view(shape)
+        values = self.values[layer_index].index_select(0, ids).view(shape)
         return keys, values
 
 
 class PagedAttention:
     """The `AttentionHook` of one paged forward; its index tensors are built once for all layers.
 
-    The model sees the new tokens packed as one sequence `[1, N]`. Inside attention they are
-    spread into a padded `[B, S]` batch (`is_new` marks the real entries) so each row can
-    attend over its own gathered keys. A pad query is given its row's last real position, so
-    it sees only real keys (no NaN from an all-masked row); its output is dropped on packing.
+    The model sees the new tokens packed as one sequence `[1, N]`. Attention runs one SDPA call
+    per `_RowGroup`: every row when all compute the same number of positions (the packed order
+    is then the batch, so nothing is scattered); else the decode rows together and each prefill
+    row alone, so no row's queries are padded to another row's length.
     """
 
     def __init__(self, cache: PagedKVCache, rows: list[PagedRow]) -> None:
         device, block_size = cache.device, cache.block_size
-        new_lengths = torch.tensor([len(row.token_ids) for row in rows], device=device)
-        starts = torch.tensor([row.start_position for row in rows], device=device)
-        ends = starts + new_lengths
-        offsets = torch.arange(int(new_lengths.max()), device=device)
-        table = block_table_tensor(rows, block_size, device)
-
+        new_lengths = [len(row.token_ids) for row in rows]
+        first_tokens = list(accumulate(new_lengths, initial=0))
         self.cache = cache
-        self.is_new = offsets < new_lengths[:, None]
-        # Where each packed token sits in the flattened padded batch; None when every row
-        # computes the same number of positions, since then the packed order is the batch.
-        self.padded_index = None
-        if not bool(self.is_new.all()):
-            self.padded_index = self.is_new.flatten().nonzero().squeeze(1)
-        padded_positions = torch.minimum(starts[:, None] + offsets, ends[:, None] - 1)
-        self.positions = padded_positions[self.is_new][None]
-        self.write_indices = flat_indices(table, padded_positions, block_size)[self.is_new]
-        key_positions = torch.arange(int(ends.max()), device=device).expand(len(rows), -1)
-        self.read_indices = flat_indices(table, key_positions, block_size)
-        self.mask = causal_mask(padded_positions, int(ends.max()))
-        self.last_new = torch.cumsum(new_lengths, dim=0) - 1
+        self.groups = [
+            _RowGroup(
+                [rows[i] for i in group], [first_tokens[i] for i in group], block_size, device
+            )
+            for group in _row_groups(new_lengths)
+        ]
+        num_tokens = first_tokens[-1]
+        positions = torch.empty(num_tokens, dtype=torch.long, device=device)
+        self.write_indices = torch.empty(num_tokens, dtype=torch.long, device=device)
+        for group in self.groups:
+            positions[group.tokens] = group.query_positions.flatten()
+            self.write_indices[group.tokens] = flat_indices(
+                group.block_table, group.query_positions, block_size
+            ).flatten()
+        self.positions = positions[None]
+        self.last_new = torch.tensor(
+            [first - 1 for first in first_tokens[1:]], dtype=torch.long, device=device
+        )
 
     def attend(
         self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.cache.write(layer_index, self.write_indices, k[0], v[0])
-        keys, values = self.cache.gather(layer_index, self.read_indices)
-        shape = (*self.is_new.shape, *q.shape[2:])
-        if self.padded_index is None:
-            out = grouped_query_attention(q.view(shape), keys, values, mask=self.mask)
-            return out.reshape(q.shape)
-        padded_q = q.new_zeros((self.is_new.numel(), *q.shape[2:]))
-        padded_q.index_copy_(0, self.padded_index, q[0])
-        out = grouped_query_attention(padded_q.view(shape), keys, values, mask=self.mask)
-        return out.flatten(0, 1).index_select(0, self.padded_index)[None]
+        if len(self.groups) == 1:
+            return self.groups[0].attend(self.cache, layer_index, q[0]).reshape(q.shape)
+        out = q.new_empty(q.shape[1:])
+        for group in self.groups:
+            out[group.tokens] = group.attend(self.cache, layer_index, q[0])
+        return out[None]
+
+
+def _row_groups(new_lengths: list[int]) -> list[list[int]]:
+    """Which rows share an SDPA call, by row index: all rows when their new lengths agree, else
+    the decode rows (one new position) together and every other row alone."""
+    if len(set(new_lengths)) == 1:
+        return [list(range(len(new_lengths)))]
+    decodes = [index for index, length in enumerate(new_lengths) if length == 1]
+    others = [[index] for index, length in enumerate(new_lengths) if length != 1]
+    return [decodes, *others] if decodes else others
+
+
+class _RowGroup:
+    """Rows with the same number `n` of new positions, attended by one SDPA call.
+
+    Queries are `[rows, n]`, keys the rows' whole blocks cut to the longest end among them.
+    The mask hides the keys past each query's position, which covers a row's pad blocks and
+    the unused tail of its last block. It is dropped when every row ends at the last key and
+    either decodes one position (it would hide nothing) or starts at 0 (it is plain causal).
+    """
+
+    def __init__(
+        self,
+        rows: list[PagedRow],
+        first_tokens: list[int],
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        new_length = len(rows[0].token_ids)
+        self.shape = (len(rows), new_length)
+        self.block_table = block_table_tensor(rows, block_size, device)
+        ends = [row.start_position + new_length for row in rows]
+        self.num_keys = max(ends)
+        positions = [
+            list(range(row.start_position, end)) for row, end in zip(rows, ends, strict=True)
+        ]
+        self.query_positions = torch.tensor(positions, dtype=torch.long, device=device)
+        # The packed tokens of these rows: a slice (a view, no copy) when they lie together.
+        first, count = first_tokens[0], len(rows) * new_length
+        self.tokens: slice | torch.Tensor = slice(first, first + count)
+        if first_tokens != list(range(first, first + count, new_length)):
+            indices = [start + offset for start in first_tokens for offset in range(new_length)]
+            self.tokens = torch.tensor(indices, dtype=torch.long, device=device)
+        self.mask: torch.Tensor | None = None
+        self.is_causal = False
+        if all(end == self.num_keys for end in ends) and new_length in (1, self.num_keys):
+            self.is_causal = new_length > 1
+        else:
+            self.mask = causal_mask(self.query_positions, self.num_keys)
+
+    def attend(self, cache: PagedKVCache, layer_index: int, queries: torch.Tensor) -> torch.Tensor:
+        """This group's outputs `[rows * n, heads, head_dim]` from the packed `queries`."""
+        q = queries[self.tokens].reshape(*self.shape, *queries.shape[1:])
+        keys, values = cache.gather_blocks(layer_index, self.block_table)
+        out = grouped_query_attention(
+            q,
+            keys[:, : self.num_keys],
+            values[:, : self.num_keys],
+            mask=self.mask,
+            is_causal=self.is_causal,
+        )
+        return out.flatten(0, 1)
 
 
 def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.device) -> torch.Tensor:

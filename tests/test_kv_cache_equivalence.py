@@ -16,8 +16,15 @@ from llmengine.bench.decode_step import random_llama
 from llmengine.blocks import BlockPool, blocks_for_length
 from llmengine.config import Llama3RopeScaling, LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward, positions_computed
+from llmengine.model import Llama, causal_mask, grouped_query_attention
+from llmengine.paged_cache import (
+    PagedAttention,
+    PagedKVCache,
+    PagedRow,
+    flat_indices,
+    paged_forward,
+    positions_computed,
+)
 
 VOCAB = 61
 
@@ -191,3 +198,99 @@ def test_contiguous_overflow_is_rejected():
     cache = ContiguousKVCache(model.config, max_batch=1, max_seq_len=4)
     with pytest.raises(ValueError, match="max_seq_len 4"):
         contiguous_forward(model, cache, torch.tensor([random_tokens(5, seed=7)]))
+
+
+def prefilled(
+    model: Llama, cache: PagedKVCache, pool: BlockPool, lengths: list[int]
+) -> list[Sequence]:
+    """Sequences of the given lengths, prefilled together, each with its greedy token pending."""
+    sequences = [Sequence(random_tokens(n, seed=10 + n)) for n in lengths]
+    paged_step(model, cache, pool, [(s, None) for s in sequences])
+    return sequences
+
+
+@pytest.mark.parametrize("prefill_at", [0, 2, 4])
+def test_long_prefill_beside_decodes_matches_each_row_alone(prefill_at):
+    """Decodes at different contexts share a forward with a prefill much longer than any:
+    every row's logits are its sequence's alone through the uncached model. The prefill row
+    first, between the decodes or last puts the decode rows together or apart in the packing."""
+    model = random_model()
+    cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
+    pool = shuffled_pool(64, seed=7)
+    with torch.no_grad():
+        decodes = prefilled(model, cache, pool, [3, 9, 16, 21])
+        long_prefill = Sequence(random_tokens(60, seed=8))
+        plan: list[tuple[Sequence, int | None]] = [(s, None) for s in decodes]
+        plan.insert(prefill_at, (long_prefill, None))
+        paged_step(model, cache, pool, plan)
+        paged_step(model, cache, pool, plan)  # the prefill row now decodes too
+
+
+def test_prefills_chunks_and_decodes_in_one_forward():
+    """Two prefills of different lengths, a chunk resuming mid-sequence and decodes at
+    different contexts: each row sees exactly its own positions."""
+    model = random_model()
+    cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
+    pool = shuffled_pool(64, seed=9)
+    with torch.no_grad():
+        a, b = prefilled(model, cache, pool, [6, 13])
+        chunked = Sequence(random_tokens(30, seed=11))
+        paged_step(model, cache, pool, [(a, None), (chunked, 10), (b, None)])
+        fresh_long, fresh_short = Sequence(random_tokens(25, seed=12)), Sequence([5, 6])
+        plan = [(fresh_long, None), (a, None), (chunked, 11), (b, None), (fresh_short, None)]
+        paged_step(model, cache, pool, plan)
+
+
+@pytest.mark.parametrize("lengths", [[5, 5, 5], [4, 4, 4], [1, 7, 12, 30]])
+def test_decode_only_steps_at_equal_and_different_contexts(lengths):
+    """Decode rows only, at one context for all (ending together, block-aligned or not) or
+    at different ones: the same logits as each sequence alone through the uncached model."""
+    model = random_model()
+    cache = PagedKVCache(model.config, num_blocks=64, block_size=4)
+    pool = shuffled_pool(64, seed=len(lengths))
+    with torch.no_grad():
+        sequences = prefilled(model, cache, pool, lengths)
+        for _ in range(5):
+            paged_step(model, cache, pool, [(s, None) for s in sequences])
+
+
+def test_one_paged_attention_serves_every_layer():
+    """One `PagedAttention`, built once, attends in every layer: each layer's output equals
+    per-row causal attention over that layer's cached K/V plus the new K/V (1e-5)."""
+    config = random_model().config
+    block_size, num_layers = 4, config.num_hidden_layers
+    cache = PagedKVCache(config, num_blocks=24, block_size=block_size)
+    generator = torch.Generator().manual_seed(13)
+    for stored in (*cache.keys, *cache.values):
+        stored.copy_(torch.randn(stored.shape, generator=generator))
+    rows = [
+        PagedRow([1], 9, [3, 7, 0]),
+        PagedRow(random_tokens(11, seed=14), 0, [5, 1, 9]),
+        PagedRow([2], 2, [4]),
+        PagedRow(random_tokens(6, seed=15), 5, [8, 2, 6]),
+    ]
+    attention = PagedAttention(cache, rows)
+    num_new = positions_computed(rows)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    for layer in range(num_layers):
+        q = torch.randn(1, num_new, heads, config.head_dim, generator=generator)
+        k = torch.randn(1, num_new, kv_heads, config.head_dim, generator=generator)
+        v = torch.randn(1, num_new, kv_heads, config.head_dim, generator=generator)
+        out = attention.attend(layer, q, k, v)
+        assert out.shape == q.shape
+        first = 0
+        for row in rows:
+            end = row.start_position + len(row.token_ids)
+            new = slice(first, first + len(row.token_ids))
+            table = torch.tensor([row.block_ids])
+            positions = torch.arange(end)[None]
+            flat = flat_indices(table, positions, block_size)[0]
+            keys = cache.keys[layer].flatten(0, 1)[flat]
+            values = cache.values[layer].flatten(0, 1)[flat]
+            start = row.start_position
+            assert torch.equal(keys[start:], k[0, new]) and torch.equal(values[start:], v[0, new])
+            expected = grouped_query_attention(
+                q[:, new], keys[None], values[None], mask=causal_mask(positions[:, start:], end)
+            )
+            assert (out[:, new] - expected).abs().max().item() < 1e-5
+            first = new.stop
