@@ -11,9 +11,9 @@ real positions and no pad. Attention runs once per group of rows with the same n
 positions, each group as a `[rows, new]` query batch: all rows when every row computes the same
 number (the packed sequence is then that batch, read without a copy), else the decode rows
 together and every prefill row alone, so no decode query is padded to a prefill's length. A
-group reads its rows' K/V by whole blocks, one index per block of its block table, as
-`[rows, blocks * block_size]` keys; a mask hides the keys past each query's position (later
-positions, a last block's unused tail, the pad blocks of a shorter table).
+group reads its rows' K/V position by position through flat indices, as `[rows, longest end]`
+keys (reading whole blocks instead was measured slower: it copies the unused tail of every
+last block too); a mask hides the keys past each query's position.
 """
 
 from __future__ import annotations
@@ -107,17 +107,14 @@ class PagedKVCache:
         self.keys[layer_index].flatten(0, 1).index_copy_(0, flat_indices, k)
         self.values[layer_index].flatten(0, 1).index_copy_(0, flat_indices, v)
 
-    def gather_blocks(
-        self, layer_index: int, block_table: torch.Tensor
+    def gather(
+        self, layer_index: int, flat_indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of whole blocks: block ids `[B, W]` to `[B, W * block_size, kv_heads, head_dim]`.
-
-        One index per block, not per position: row b's key j is its position j.
-        """
-        shape = (block_table.shape[0], -1, *self.keys[layer_index].shape[2:])
-        ids = block_table.flatten()
-        keys = self.keys[layer_index].index_select(0, ids).view(shape)
-        values = self.values[layer_index].index_select(0, ids).view(shape)
+        """K and V at flat indices of any shape `[...]`, as `[..., kv_heads, head_dim]`."""
+        flat = flat_indices.flatten()
+        shape = (*flat_indices.shape, *self.keys[layer_index].shape[2:])
+        keys = self.keys[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
+        values = self.values[layer_index].flatten(0, 1).index_select(0, flat).view(shape)
         return keys, values
 
 
@@ -179,10 +176,11 @@ def _row_groups(new_lengths: list[int]) -> list[list[int]]:
 class _RowGroup:
     """Rows with the same number `n` of new positions, attended by one SDPA call.
 
-    Queries are `[rows, n]`, keys the rows' whole blocks cut to the longest end among them.
-    The mask hides the keys past each query's position, which covers a row's pad blocks and
-    the unused tail of its last block. It is dropped when every row ends at the last key and
-    either decodes one position (it would hide nothing) or starts at 0 (it is plain causal).
+    Queries are `[rows, n]`; keys are positions 0 up to the longest end among the rows, read
+    out of the pool by one flat index each (`read_indices`, built once per step). The mask
+    hides the keys past each query's position, which covers a shorter row's tail. It is
+    dropped when every row ends at the last key and either decodes one position (it would
+    hide nothing) or starts at 0 (it is plain causal).
     """
 
     def __init__(
@@ -201,6 +199,8 @@ class _RowGroup:
             list(range(row.start_position, end)) for row, end in zip(rows, ends, strict=True)
         ]
         self.query_positions = torch.tensor(positions, dtype=torch.long, device=device)
+        key_positions = torch.arange(self.num_keys, device=device).expand(len(rows), -1)
+        self.read_indices = flat_indices(self.block_table, key_positions, block_size)
         # The packed tokens of these rows: a slice (a view, no copy) when they lie together.
         first, count = first_tokens[0], len(rows) * new_length
         self.tokens: slice | torch.Tensor = slice(first, first + count)
@@ -217,14 +217,8 @@ class _RowGroup:
     def attend(self, cache: PagedKVCache, layer_index: int, queries: torch.Tensor) -> torch.Tensor:
         """This group's outputs `[rows * n, heads, head_dim]` from the packed `queries`."""
         q = queries[self.tokens].reshape(*self.shape, *queries.shape[1:])
-        keys, values = cache.gather_blocks(layer_index, self.block_table)
-        out = grouped_query_attention(
-            q,
-            keys[:, : self.num_keys],
-            values[:, : self.num_keys],
-            mask=self.mask,
-            is_causal=self.is_causal,
-        )
+        keys, values = cache.gather(layer_index, self.read_indices)
+        out = grouped_query_attention(q, keys, values, mask=self.mask, is_causal=self.is_causal)
         return out.flatten(0, 1)
 
 
