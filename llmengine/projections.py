@@ -9,7 +9,10 @@ Two preparations, neither of which changes a parameter's name or value:
   reads. An eager `F.linear` hands MKL the plain weight, and MKL repacks the whole matrix on
   every call; for the few rows of a decode step that repacking costs as much as the product
   (lesson 23 measures it). A packed weight is packed once. MKL is told to expect
-  `PACK_ROWS` rows, but one packed copy serves products of any row count.
+  `PACK_ROWS` rows, but one packed copy serves products of any row count. It pays only for
+  a few rows, though: with one to three rows MKL's unpacked path is a matrix-vector product
+  that never repacked, and with many rows the repacking is a small share of the product, so
+  `PACKED_ROWS` (measured on a 2-core Xeon; lesson 23 measures yours) bounds where it is used.
 
 Packing keeps the plain weight too (MKL's fallback needs it), so it costs memory: about 2.6
 times the weight again, measured for these shapes.
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PACK_ROWS = 32
+PACKED_ROWS = range(4, 49)
 
 
 class HasWeight(Protocol):
@@ -50,8 +54,11 @@ class PackedWeight:
         self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the packed copy."""
+        """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the packed copy when `x`
+        has a row count in `PACKED_ROWS`."""
         rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] not in PACKED_ROWS:
+            return F.linear(x, self.weight, bias)
         out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, bias, rows.shape[0])
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -71,6 +78,7 @@ class LinearGroup:
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
         self.packed: PackedWeight | None = None
+        self.wants_packing = False
 
     @property
     def is_fused(self) -> bool:
@@ -98,7 +106,11 @@ class LinearGroup:
             start = rows.stop
 
     def pack(self) -> bool:
-        """Fuse if needed, then pack where MKL can; True when the group is now packed."""
+        """Fuse if needed, then pack where MKL can; True when the group is now packed.
+
+        The wish is remembered: a group moved where it cannot be packed is packed again when
+        it is moved back (`refresh`)."""
+        self.wants_packing = True
         if not self.is_fused:
             self.fuse()
         assert self.weight is not None
@@ -108,12 +120,11 @@ class LinearGroup:
     def refresh(self) -> None:
         """After the layers were converted (`.to(...)`), prepare the group again as it was.
 
-        A packed group moved where packing is impossible (a GPU, bfloat16) stays fused only.
+        A group moved where packing is impossible (a GPU, bfloat16) stays fused only.
         """
-        was_packed = self.is_packed
         if self.is_fused:
             self.fuse()
-        if was_packed:
+        if self.wants_packing:
             self.pack()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from hf_llama import save_random_llama
 from llmengine.bench.throughput import operator_counts
 from llmengine.loader import load_model
 from llmengine.model import Llama
+from llmengine.projections import PackedWeight, can_pack
 
 
 def unfused_copy(model: Llama) -> Llama:
@@ -84,3 +85,29 @@ def test_fusing_leaves_three_matrix_products_per_layer(fused_model):
     layers = fused_model.config.num_hidden_layers
     assert products(unfused) == 7 * layers + 1  # q, k, v, o, gate, up, down; the output head
     assert products(fused) == 4 * layers + 1  # qkv, o, gate-up, down
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 48, 49, 200])
+def test_packed_product_equals_linear_for_any_row_count(rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=generator)
+    bias = torch.randn(96, generator=generator)
+    x = torch.randn(2, rows, 40, generator=generator)
+    packed = PackedWeight(weight)
+    expected = torch.nn.functional.linear(x, weight, bias)
+    assert (packed.linear(x, bias) - expected).abs().max().item() < 1e-4
+
+
+def test_only_float32_cpu_weights_are_packed():
+    assert can_pack(torch.zeros(4, 4))
+    assert not can_pack(torch.zeros(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="cannot pack"):
+        PackedWeight(torch.zeros(4, 4, dtype=torch.bfloat16))
+
+
+def test_bfloat16_model_is_fused_but_not_packed(fused_model):
+    fused_model.to(torch.bfloat16)
+    groups = fused_model.linear_groups()
+    assert all(group.is_fused and not group.is_packed for group in groups)
+    fused_model.to(torch.float32)
+    assert all(group.is_packed for group in groups)
