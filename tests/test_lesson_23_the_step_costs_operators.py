@@ -31,6 +31,7 @@ from llmengine.lessons.step_cost import (
     decode_cost,
     decode_step_flops,
     decode_step_operators,
+    fastest_decode_costs,
     markdown_sections,
     matrix_products_of,
     mixed_step_seconds,
@@ -206,6 +207,19 @@ def test_decode_cost_times_a_step_and_counts_its_flops() -> None:
     assert cost.products_share == pytest.approx(cost.products_s / cost.step_s)
     assert cost.step_flop_rate == pytest.approx(cost.step_flops / cost.step_s)
     assert cost.products_flop_rate == pytest.approx(cost.product_flops / cost.products_s)
+
+
+def test_fastest_decode_costs_cover_every_model_and_row_count() -> None:
+    before = random_llama(tiny_config())
+    models = {"before": before, "after": unprepared_twin(before).pack_weights()}
+    costs = fastest_decode_costs(models, (1, 3), context=4, repeats=1, rounds=2)
+    assert list(costs) == ["before", "after"]
+    for key, by_rows in costs.items():
+        assert list(by_rows) == [1, 3]
+        for rows, cost in by_rows.items():
+            assert cost.rows == rows
+            assert cost.step_flops == decode_step_flops(models[key].config, rows, 5)
+            assert cost.step_s > 0 and cost.products_s > 0
 
 
 def test_packing_timings_compare_the_two_products_per_row_count() -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,8 @@ from llmengine.config import LlamaConfig
 from llmengine.model import Llama
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.projections import PackedWeight
+
+Key = TypeVar("Key", bound=Hashable)  # whatever names the models compared: a label, a tuple
 
 # -- the two models ------------------------------------------------------------------------
 
@@ -221,6 +224,34 @@ def decode_cost(model: Llama, rows: int, context: int = 64, repeats: int = 5) ->
         step_flops=decode_step_flops(config, rows, context + 1),
         product_flops=2 * rows * weights_multiplied(config),
     )
+
+
+def fastest_decode_costs(
+    models: Mapping[Key, Llama],
+    row_counts: Sequence[int],
+    context: int = 64,
+    repeats: int = 3,
+    rounds: int = 3,
+) -> dict[Key, dict[int, DecodeCost]]:
+    """`decode_cost` of every model at every row count, over `rounds` rounds taken in turn,
+    each cell keeping its fastest step and its fastest products.
+
+    On a shared machine a busy stretch lasts longer than a cell's repeats; spread over rounds,
+    it slows one round of a cell rather than all of them, and the models compared with each
+    other are measured side by side.
+    """
+    costs: dict[Key, dict[int, DecodeCost]] = {key: {} for key in models}
+    for _ in range(rounds):
+        for rows in row_counts:
+            for key, model in models.items():
+                cost = decode_cost(model, rows, context, repeats)
+                best = costs[key].get(rows, cost)
+                costs[key][rows] = replace(
+                    cost,
+                    step_s=min(cost.step_s, best.step_s),
+                    products_s=min(cost.products_s, best.products_s),
+                )
+    return costs
 
 
 def count_changes(before: Counter[str], after: Counter[str]) -> list[tuple[str, int, int]]:
