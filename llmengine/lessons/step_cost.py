@@ -6,10 +6,9 @@ weights MKL-packed (`Llama.pack_weights`, which `load_model` does). Everything h
 model as it is and measures or counts what its decode step does, so the lesson, its test and
 any later benchmark read the two the same way.
 
-Timings are the fastest of a few repeats, on whatever threads torch was given: on a machine
-shared with other work, the fastest run is the one least disturbed by it, and the quantities
-compared here (a step against its own products) are both what the code costs, not what a busy
-neighbour adds. Counts (operators, FLOPs) are exact and the same on every machine.
+Timings keep the fastest of a few repeats, on whatever threads torch was given: on a machine
+shared with other work, the fastest run is the one least disturbed by it, which is what the
+code itself costs. Counts (operators, FLOPs) are exact and the same on every machine.
 """
 
 from __future__ import annotations
