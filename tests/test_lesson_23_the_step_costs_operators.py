@@ -192,7 +192,7 @@ def test_products_alone_run_the_products_the_model_runs() -> None:
     before = random_llama(tiny_config())
     after = unprepared_twin(before).pack_weights()
     for m, operator in ((before, "aten.linear.default"), (after, "mkl._mkl_linear.default")):
-        counted = operator_counts(lambda m=m: products_alone_seconds(m, 2, repeats=2))
+        counted = operator_counts(lambda m=m: products_alone_seconds(m, 8, repeats=2))
         # one warm-up and two timed passes, each running every product once
         assert counted[operator] == 3 * matrix_products_of(m)
         assert operators_by_kind(counted)[MATRIX_PRODUCTS] == 3 * matrix_products_of(m)
