@@ -17,7 +17,7 @@ import torch
 from report_tables import read_report_table
 
 import llmengine
-from llmengine.bench.decode_step import random_llama
+from llmengine.bench.decode_step import HELD_OUT_CONFIG, random_llama
 from llmengine.bench.throughput import decode_weights, operator_counts
 from llmengine.config import LlamaConfig
 from llmengine.lessons.step_cost import (
@@ -43,17 +43,6 @@ from llmengine.lessons.step_cost import (
     weights_multiplied,
 )
 
-SHAPE_25M = {
-    "model_type": "llama",
-    "vocab_size": 2048,
-    "hidden_size": 512,
-    "intermediate_size": 1376,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
 # Small enough to count by hand: head_dim 4, one K/V head for two query heads.
 TINY = {
     "model_type": "llama",
@@ -76,7 +65,7 @@ def tiny_config(tied: bool = False) -> LlamaConfig:
 @pytest.fixture(scope="module")
 def models(model: llmengine.Llama) -> dict[str, dict[str, llmengine.Llama]]:
     """The lesson's four models, built as the lesson builds them."""
-    random_25m = random_llama(LlamaConfig.from_dict(SHAPE_25M, source="test"))
+    random_25m = random_llama(HELD_OUT_CONFIG)
     return {
         "embedded": {"before": unprepared_twin(model), "after": model},
         "random 25M": {"before": random_25m, "after": unprepared_twin(random_25m).pack_weights()},

@@ -39,6 +39,12 @@ BENCH_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 BENCH_CONFIG = LlamaConfig.from_dict({"model_type": "llama", **BENCH_SHAPE}, source="BENCH_SHAPE")
+# The held-out shape of issue 13: the same layers with a 2048-token vocabulary (~25M
+# parameters), so that the output head weighs less against the layers.
+HELD_OUT_SHAPE: dict[str, Any] = {**BENCH_SHAPE, "vocab_size": 2048}
+HELD_OUT_CONFIG = LlamaConfig.from_dict(
+    {"model_type": "llama", **HELD_OUT_SHAPE}, source="HELD_OUT_SHAPE"
+)
 
 
 def random_llama(config: LlamaConfig = BENCH_CONFIG, seed: int = 0, std: float = 0.02) -> Llama:
