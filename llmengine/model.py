@@ -77,8 +77,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        # In float32 whatever the model's dtype, as transformers does; one fused operator for
+        # x * rsqrt(mean(x^2) + eps).
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
 
@@ -104,11 +105,11 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values `[B, S, heads, head_dim]`, rotary applied to q and k."""
         batch, seq, _ = x.shape
-        q, k, v = self.qkv.split(x)
-        q = q.view(batch, seq, self.num_heads, self.head_dim)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        heads = self.qkv(x).view(batch, seq, -1, self.head_dim)
+        # Queries and keys are rotated by the same angles: one rotation of both, side by side.
+        rotated = apply_rotary(heads[:, :, : self.num_heads + self.num_kv_heads], cos, sin)
+        q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=2)
+        return q, k, heads[:, :, self.num_heads + self.num_kv_heads :]
 
     def attend(
         self,
