@@ -381,7 +381,16 @@ def report(
         + "\n\n### The first call of the compiled engines\n\n"
         "Seconds of the untimed first call over the whole workload, of a timed call, and their "
         "difference: what compiling cost, paid once per model and batch shape (the second "
-        "workload's shapes may be compiled anew).\n\n" + compile_table(cells) + "\n## Targets\n\n"
+        "workload's shapes may be compiled anew). "
+        + (
+            "Inductor's on-disk caches were off (`TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`): "
+            "every compile here is a cold one.\n\n"
+            if os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1"
+            else "Inductor's on-disk caches were on: a graph an earlier process compiled is "
+            "read back, so these can be far under a cold compile.\n\n"
+        )
+        + compile_table(cells)
+        + "\n## Targets\n\n"
         "Issue 13's: on both random models, the best llmengine at least 2.5x `generate` on the "
         "mixed workload and 1.5x on the uniform burst; on the ~32M model the matrix products "
         f"at least 85% of a {DECODE_ROWS}-row decode step (60% on the embedded one, whose "
