@@ -381,7 +381,9 @@ def report(
         + "\n\n### The first call of the compiled engines\n\n"
         "Seconds of the untimed first call over the whole workload, of a timed call, and their "
         "difference: what compiling cost, paid once per model and batch shape (the second "
-        "workload's shapes may be compiled anew). "
+        "workload's shapes may be compiled anew; a graph torch already compiled with dynamic "
+        "shapes for another model of the same structure may serve, and then the difference is "
+        "about zero or below it, which is noise). "
         + (
             "Inductor's on-disk caches were off (`TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`): "
             "every compile here is a cold one.\n\n"
