@@ -1,19 +1,22 @@
 """The throughput benchmark's measurement functions, on a tiny random model; no timing asserted.
 
-What is checked is what the numbers are made of: which tokens count as useful, that the three
-engines really generate the same tokens from the same weights, the agreement and ratio
-arithmetic, the interleaving of repeats, and that the step profile's phases add up.
+What is checked is what the numbers are made of: which tokens count as useful, that the
+engines, eager and compiled, really generate the same tokens from the same weights, the
+agreement and ratio arithmetic, the interleaving of repeats and what happens to an engine that
+fails, and that the step profile's phases and the decode step's costs add up.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
 from hf_llama import TINY_LLAMA
 
 import llmengine
-from llmengine.bench import decode_step, throughput
-from llmengine.bench.throughput import Agreement, EngineRun
+from llmengine.bench import compiled_runners, decode_step, throughput
+from llmengine.bench.throughput import Agreement, EngineRun, EngineUnavailable
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +99,47 @@ def test_three_engines_generate_the_same_tokens_and_count_only_budgets(models, m
         )
 
 
+def test_generate_passes_its_options_on_under_the_name_given(models, mixed) -> None:
+    _, hf_model = models
+    plain = throughput.run_generate(hf_model, mixed)
+    static = throughput.run_generate(
+        hf_model, mixed, engine="static", cache_implementation="static", disable_compile=True
+    )
+    assert static.engine == "static"
+    assert static.outputs == plain.outputs
+    with pytest.raises(ValueError, match="cache_implementation"):
+        throughput.run_generate(hf_model, mixed, cache_implementation="no such cache")
+
+
+def test_compiled_generate_yields_llmengine_s_greedy_tokens(models, mixed) -> None:
+    model, hf_model = models
+    two = mixed[:2]
+    compiled = compiled_runners.run_generate_compiled(hf_model, two)
+    assert compiled.engine == "generate_compiled"
+    assert compiled.outputs == throughput.run_llmengine(model, two, block_size=4).outputs
+    # The forward really went through torch.compile, not the eager one.
+    assert hasattr(hf_model, "_compiled_call")
+
+
+def test_compiled_llmengine_is_not_available_or_generates_the_same_tokens(models, mixed) -> None:
+    model, _ = models
+    two = mixed[:2]
+    try:
+        compiled = throughput.run_llmengine(model, two, block_size=4, compile=True)
+    except EngineUnavailable:
+        assert "compile" not in inspect.signature(llmengine.Engine).parameters
+        return
+    assert compiled.engine == "llmengine compiled"
+    assert compiled.outputs == throughput.run_llmengine(model, two, block_size=4).outputs
+
+
+def test_all_runners_are_the_five_engines_in_order(models) -> None:
+    runners = compiled_runners.all_runners(*models)
+    assert tuple(runners) == compiled_runners.ALL_ENGINES
+    assert set(compiled_runners.COMPILED_ENGINES) <= set(runners)
+    assert set(throughput.ENGINES) <= set(runners)
+
+
 def test_agreement_counts_requests_and_tokens_before_the_first_difference() -> None:
     reference = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     other = [[1, 2, 3], [4, 0, 6, 7], [1, 9]]
@@ -154,6 +198,42 @@ def test_compare_engines_warms_up_then_interleaves_the_rounds(mixed) -> None:
         throughput.compare_engines({"a": runner("a")}, mixed, repeats=0)
 
 
+def test_compare_warms_up_on_the_whole_workload_and_drops_a_failing_engine(mixed) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def serve(workload):
+        calls.append(("ok", len(workload)))
+        return run("ok", 1.0, [[1] * spec.params.max_tokens for spec in workload])
+
+    def unavailable(workload):
+        raise EngineUnavailable("no compile keyword")
+
+    def breaks_on_the_second_call(workload):
+        calls.append(("late", len(workload)))
+        if len(calls) > 2:
+            raise RuntimeError("compiler crashed\nwith a long trace")
+        return run("late", 1.0, [[1] * spec.params.max_tokens for spec in workload])
+
+    comparison = throughput.compare(
+        {"ok": serve, "missing": unavailable, "late": breaks_on_the_second_call},
+        mixed,
+        repeats=2,
+        warmup=None,
+    )
+    assert calls == [("ok", 6), ("late", 6), ("ok", 6), ("late", 6), ("ok", 6)]
+    assert list(comparison.runs) == ["ok"]
+    assert comparison.failures == {
+        "missing": "not available",
+        "late": "did not run: RuntimeError: compiler crashed",
+    }
+    assert list(comparison.warmup_seconds) == ["ok"]
+    assert comparison.first_call_extra_s("ok") == pytest.approx(
+        comparison.warmup_seconds["ok"] - 1.0
+    )
+    with pytest.raises(RuntimeError, match="engines failed"):
+        throughput.compare_engines({"ok": serve, "missing": unavailable}, mixed, repeats=1)
+
+
 def test_step_profile_phases_add_up_and_leave_the_engine_as_it_was(models, mixed) -> None:
     model, _ = models
     engine = llmengine.Engine(model, num_blocks=64, block_size=4, num_slots=len(mixed))
@@ -210,3 +290,17 @@ def test_decode_weights_of_a_tied_model_include_the_embedding_once() -> None:
 def test_matrix_product_time_is_positive(models) -> None:
     model, _ = models
     assert throughput.matrix_product_seconds(model, rows=4, repeats=3) > 0
+
+
+def test_decode_step_cost_sets_the_paged_step_against_its_parts(models) -> None:
+    model, _ = models
+    cost = throughput.decode_step_cost(model, rows=4, context=6)
+    assert (cost.rows, cost.context) == (4, 6)
+    assert min(cost.matrix_products_s, cost.paged_step_s, cost.contiguous_step_s) > 0
+    assert cost.matrix_share == cost.matrix_products_s / cost.paged_step_s
+    assert cost.paged_over_contiguous == cost.paged_step_s / cost.contiguous_step_s
+    paged_step = decode_step.prepare_decode_steps(model, 4, 6).paged
+    with torch.inference_mode():
+        assert cost.operators == throughput.operator_calls(paged_step)
+    # At least one matrix product per weight matrix: the count is of the whole step.
+    assert cost.operators > len(throughput.decode_weights(model))

@@ -1,7 +1,8 @@
 """Throughput against transformers: the same weights and the same requests, served three ways.
 
 - `llmengine`: one `Engine` with a slot for every request and a pool that holds every
-  request's worst case, so nobody waits for a slot and nobody is preempted.
+  request's worst case, so nobody waits for a slot and nobody is preempted; `llmengine
+  compiled` is the same with `Engine(..., compile=True)`.
 - `generate`: transformers' `generate` over all the requests in one left-padded batch, greedy,
   run for the longest budget. One call, one rectangle: static batching at its strongest, and
   a request's tokens past its own budget are computed for nobody.
@@ -12,7 +13,8 @@
 Only useful tokens count: what each request asked for, whatever an engine computed beyond it.
 Every runner returns the tokens it generated, so the engines are checked against each other
 before any speed is believed. `profile_steps` splits the engine's own step time into the
-model's forward and everything around it.
+model's forward and everything around it; `decode_step_cost` sets one decode step against its
+matrix products alone. `compiled_runners` adds transformers' compiled `generate`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from llmengine.bench.decode_step import BENCH_SHAPE
+from llmengine.bench.decode_step import BENCH_SHAPE, prepare_decode_steps, time_decode_step
 from llmengine.bench.workloads import RequestSpec
 from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
@@ -132,19 +134,36 @@ def pool_blocks(workload: Sequence[RequestSpec], block_size: int) -> int:
     )
 
 
-def run_llmengine(model: Llama, workload: Sequence[RequestSpec], block_size: int = 16) -> EngineRun:
-    """A fresh engine with one slot per request and a pool for all of them, run to the end."""
+class EngineUnavailable(RuntimeError):
+    """An engine this version of the code cannot build, so it has no row to measure."""
+
+
+def run_llmengine(
+    model: Llama, workload: Sequence[RequestSpec], block_size: int = 16, *, compile: bool = False
+) -> EngineRun:
+    """A fresh engine with one slot per request and a pool for all of them, run to the end.
+
+    With `compile`, the engine is built with `compile=True` (its step through torch.compile).
+    """
+    options = {"compile": True} if compile else {}
 
     def serve() -> list[list[int]]:
-        engine = Engine(
-            model,
-            num_blocks=pool_blocks(workload, block_size),
-            block_size=block_size,
-            num_slots=len(workload),
-        )
+        try:
+            engine = Engine(
+                model,
+                num_blocks=pool_blocks(workload, block_size),
+                block_size=block_size,
+                num_slots=len(workload),
+                **options,
+            )
+        except TypeError as error:
+            # An Engine that predates the keyword: the compiled row is simply not there yet.
+            if not compile:
+                raise
+            raise EngineUnavailable(f"Engine(compile=True): {error}") from error
         return engine.generate(prompts_of(workload), [spec.params for spec in workload])
 
-    return _timed("llmengine", workload, serve)
+    return _timed("llmengine compiled" if compile else "llmengine", workload, serve)
 
 
 def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,12 +175,17 @@ def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.T
 
 
 def run_generate(
-    hf_model: transformers.LlamaForCausalLM, workload: Sequence[RequestSpec]
+    hf_model: transformers.LlamaForCausalLM,
+    workload: Sequence[RequestSpec],
+    *,
+    engine: str = "generate",
+    **generate_options: Any,
 ) -> EngineRun:
     """transformers `generate`, greedy, every request in one left-padded batch.
 
     The batch runs for the longest budget with no end token, so every row is as long as that;
-    each request keeps only its own budget's tokens.
+    each request keeps only its own budget's tokens. `generate_options` go to `generate` as
+    they are (a cache implementation, a compile configuration), under the name `engine`.
     """
     budgets = budgets_of(workload)
 
@@ -177,11 +201,12 @@ def run_generate(
                 do_sample=False,
                 eos_token_id=None,
                 pad_token_id=PAD_TOKEN_ID,
+                **generate_options,
             )
         generated = out[:, input_ids.shape[1] :].tolist()
         return [row[:budget] for row, budget in zip(generated, budgets, strict=True)]
 
-    return _timed("generate", workload, serve)
+    return _timed(engine, workload, serve)
 
 
 def run_generate_batch(
@@ -319,29 +344,81 @@ def median_run(runs: Sequence[EngineRun]) -> EngineRun:
     return sorted(runs, key=lambda run: run.seconds)[(len(runs) - 1) // 2]
 
 
+def failure_reason(error: Exception) -> str:
+    """What a report says in place of an engine's numbers when it raised `error`."""
+    if isinstance(error, EngineUnavailable):
+        return "not available"
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"did not run: {type(error).__name__}: {first_line[:160]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Runners against one workload: median runs, each warm-up's seconds, and who failed why."""
+
+    runs: dict[str, EngineRun]
+    warmup_seconds: dict[str, float]
+    failures: dict[str, str]
+
+    def first_call_extra_s(self, engine: str) -> float:
+        """What the untimed first call cost beyond a timed one: compilation, for a compiler."""
+        return self.warmup_seconds[engine] - self.runs[engine].seconds
+
+
+def compare(
+    runners: Mapping[str, Runner],
+    workload: Sequence[RequestSpec],
+    *,
+    repeats: int = 3,
+    warmup: int | None = 2,
+) -> Comparison:
+    """Each runner's median run of `workload`, over `repeats` rounds taken in turn.
+
+    Every runner first serves the first `warmup` requests untimed (the whole workload when
+    `warmup` is None: a compiler then compiles for the very shapes timed after), so one-time
+    start-up costs are billed to nobody; then the rounds interleave the runners, so a stretch
+    of time when the machine is busy with something else slows all of them alike. A runner
+    that raises is dropped from the rounds and its reason kept, and the others go on.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    warmup_workload = workload if warmup is None else workload[:warmup]
+    warmup_seconds: dict[str, float] = {}
+    failures: dict[str, str] = {}
+    runs: dict[str, list[EngineRun]] = {}
+    for name, runner in runners.items():
+        start = time.perf_counter()
+        try:
+            if warmup_workload:
+                runner(warmup_workload)
+        except Exception as error:  # reported in the engine's place, not raised
+            failures[name] = failure_reason(error)
+            continue
+        warmup_seconds[name] = time.perf_counter() - start
+        runs[name] = []
+    for _ in range(repeats):
+        for name in list(runs):
+            try:
+                runs[name].append(runners[name](workload))
+            except Exception as error:  # reported in the engine's place, not raised
+                failures[name] = failure_reason(error)
+                del runs[name], warmup_seconds[name]
+    medians = {name: median_run(engine_runs) for name, engine_runs in runs.items()}
+    return Comparison(medians, warmup_seconds, failures)
+
+
 def compare_engines(
     runners: Mapping[str, Runner],
     workload: Sequence[RequestSpec],
     *,
     repeats: int = 3,
-    warmup: int = 2,
+    warmup: int | None = 2,
 ) -> dict[str, EngineRun]:
-    """Each runner's median run of `workload`, over `repeats` rounds taken in turn.
-
-    Every runner first serves the first `warmup` requests untimed, so one-time start-up costs
-    are billed to nobody; then the rounds interleave the runners, so a stretch of time when
-    the machine is busy with something else slows all of them alike.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if warmup:
-        for runner in runners.values():
-            runner(workload[:warmup])
-    runs: dict[str, list[EngineRun]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, runner in runners.items():
-            runs[name].append(runner(workload))
-    return {name: median_run(engine_runs) for name, engine_runs in runs.items()}
+    """`compare`'s median runs, for runners that must all work: a failure is raised."""
+    comparison = compare(runners, workload, repeats=repeats, warmup=warmup)
+    if comparison.failures:
+        raise RuntimeError(f"engines failed: {comparison.failures}")
+    return comparison.runs
 
 
 def standard_runners(
@@ -512,6 +589,45 @@ def matrix_product_seconds(model: Llama, rows: int, repeats: int = 5) -> float:
                 torch.nn.functional.linear(activations, weight)
             durations.append(time.perf_counter() - start)
     return sorted(durations)[len(durations) // 2]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStepCost:
+    """One `rows`-row decode step through the paged forward, against what it is made of."""
+
+    rows: int
+    context: int
+    matrix_products_s: float
+    paged_step_s: float
+    contiguous_step_s: float
+    operators: int
+
+    @property
+    def matrix_share(self) -> float:
+        """The part of the paged step that its matrix products alone would take."""
+        return self.matrix_products_s / self.paged_step_s
+
+    @property
+    def paged_over_contiguous(self) -> float:
+        return self.paged_step_s / self.contiguous_step_s
+
+
+def decode_step_cost(model: Llama, rows: int = 32, context: int = 64) -> DecodeStepCost:
+    """Time a `rows`-row decode step at `context` earlier positions per row, paged and
+    contiguous (`decode_step.time_decode_step`), its matrix products alone, and count the
+    operators the paged step dispatches."""
+    timing = time_decode_step(model, rows, context)
+    paged_step = prepare_decode_steps(model, rows, context).paged
+    with torch.inference_mode():
+        operators = operator_calls(paged_step)
+    return DecodeStepCost(
+        rows,
+        context,
+        matrix_product_seconds(model, rows),
+        timing.paged_s,
+        timing.contiguous_s,
+        operators,
+    )
 
 
 # -- the machine the numbers belong to -----------------------------------------------------
