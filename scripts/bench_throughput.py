@@ -31,6 +31,7 @@ from bench_decode_step import machine  # scripts/ is on the path when this scrip
 import llmengine
 from llmengine.bench import compiled_runners, throughput
 from llmengine.bench.compiled_runners import ALL_ENGINES, COMPILED_ENGINES, LLMENGINE_ENGINES
+from llmengine.bench.decode_step import HELD_OUT_SHAPE
 from llmengine.bench.throughput import ENGINES, EngineRun
 from llmengine.bench.workloads import RequestSpec
 from llmengine.lessons.artifacts import markdown_table, write_report
@@ -41,7 +42,6 @@ DECODE_ROWS, DECODE_CONTEXT = 32, 64
 EMBEDDED_MODEL = "embedded"
 RANDOM_MODEL = "random ~32M"
 HELD_OUT_MODEL = "random 25M (held out)"
-HELD_OUT_SHAPE = {"vocab_size": 2048}  # BENCH_SHAPE otherwise: hidden 512, 8 layers, 8/4 heads
 RANDOM_MODELS = (RANDOM_MODEL, HELD_OUT_MODEL)
 # Issue 13's targets. (workload, baseline) -> the least best-llmengine/baseline ratio, on both
 # random models.

@@ -134,10 +134,6 @@ def pool_blocks(workload: Sequence[RequestSpec], block_size: int) -> int:
     )
 
 
-class EngineUnavailable(RuntimeError):
-    """An engine this version of the code cannot build, so it has no row to measure."""
-
-
 def run_llmengine(
     model: Llama, workload: Sequence[RequestSpec], block_size: int = 16, *, compile: bool = False
 ) -> EngineRun:
@@ -145,22 +141,15 @@ def run_llmengine(
 
     With `compile`, the engine is built with `compile=True` (its step through torch.compile).
     """
-    options = {"compile": True} if compile else {}
 
     def serve() -> list[list[int]]:
-        try:
-            engine = Engine(
-                model,
-                num_blocks=pool_blocks(workload, block_size),
-                block_size=block_size,
-                num_slots=len(workload),
-                **options,
-            )
-        except TypeError as error:
-            # An Engine that predates the keyword: the compiled row is simply not there yet.
-            if not compile:
-                raise
-            raise EngineUnavailable(f"Engine(compile=True): {error}") from error
+        engine = Engine(
+            model,
+            num_blocks=pool_blocks(workload, block_size),
+            block_size=block_size,
+            num_slots=len(workload),
+            compile=compile,
+        )
         return engine.generate(prompts_of(workload), [spec.params for spec in workload])
 
     return _timed("llmengine compiled" if compile else "llmengine", workload, serve)
@@ -346,8 +335,6 @@ def median_run(runs: Sequence[EngineRun]) -> EngineRun:
 
 def failure_reason(error: Exception) -> str:
     """What a report says in place of an engine's numbers when it raised `error`."""
-    if isinstance(error, EngineUnavailable):
-        return "not available"
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"did not run: {type(error).__name__}: {first_line[:160]}"
 
