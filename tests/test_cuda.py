@@ -71,6 +71,12 @@ def test_engine_on_cuda_generates_the_cpu_greedy_tokens(model, cuda_model) -> No
     )
 
 
+def test_compiled_engine_on_cuda_generates_the_eager_tokens(model, cuda_model) -> None:
+    prompts = prompts_for(0, 6, model.config.vocab_size)
+    compiled = engine_on(cuda_model, compile=True)
+    assert compiled.generate(prompts, GREEDY) == engine_on(cuda_model).generate(prompts, GREEDY)
+
+
 def test_seeded_sampling_on_cuda_repeats(cuda_model) -> None:
     """Each seeded request draws from a generator on the GPU, and the same seed repeats."""
     prompts = prompts_for(1, 4, cuda_model.config.vocab_size)
