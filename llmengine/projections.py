@@ -54,11 +54,15 @@ class PackedWeight:
         self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the packed copy when `x`
-        has a row count in `PACKED_ROWS`."""
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] not in PACKED_ROWS:
+        """`F.linear(x, weight, bias)` for `x` `[..., in]`: through the packed copy when `x` has
+        a row count in `PACKED_ROWS`, else through the plain weight."""
+        if x.numel() // x.shape[-1] not in PACKED_ROWS:
             return F.linear(x, self.weight, bias)
+        return self.packed_linear(x, bias)
+
+    def packed_linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`F.linear(x, weight, bias)` through the packed copy, whatever the row count."""
+        rows = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, bias, rows.shape[0])
         return out.view(*x.shape[:-1], out.shape[-1])
 

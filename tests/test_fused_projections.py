@@ -9,7 +9,7 @@ from hf_llama import save_random_llama
 from llmengine.bench.throughput import operator_counts
 from llmengine.loader import load_model
 from llmengine.model import Llama
-from llmengine.projections import PackedWeight, can_pack
+from llmengine.projections import PACKED_ROWS, PackedWeight, can_pack
 
 
 def unfused_copy(model: Llama) -> Llama:
@@ -96,6 +96,15 @@ def test_packed_product_equals_linear_for_any_row_count(rows):
     packed = PackedWeight(weight)
     expected = torch.nn.functional.linear(x, weight, bias)
     assert (packed.linear(x, bias) - expected).abs().max().item() < 1e-4
+    assert (packed.packed_linear(x, bias) - expected).abs().max().item() < 1e-4
+
+
+def test_packed_copy_is_used_only_for_packed_rows():
+    weight = torch.randn(8, 4)
+    packed = PackedWeight(weight)
+    for rows in (1, 3, 4, 48, 49):
+        counts = operator_counts(lambda rows=rows: packed.linear(torch.randn(rows, 4)))
+        assert counts["mkl._mkl_linear.default"] == (rows in PACKED_ROWS)
 
 
 def test_only_float32_cpu_weights_are_packed():

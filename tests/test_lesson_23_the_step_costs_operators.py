@@ -18,7 +18,7 @@ from report_tables import read_report_table
 
 import llmengine
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, random_llama
-from llmengine.bench.throughput import decode_weights, operator_counts
+from llmengine.bench.throughput import decode_weights, matrix_product_seconds, operator_counts
 from llmengine.config import LlamaConfig
 from llmengine.lessons.step_cost import (
     ATTENTION,
@@ -38,7 +38,6 @@ from llmengine.lessons.step_cost import (
     operator_kind,
     operators_by_kind,
     packing_timings,
-    products_alone_seconds,
     unprepared_twin,
     weights_multiplied,
 )
@@ -177,11 +176,11 @@ def test_the_flops_table_is_the_formula_on_each_model(models) -> None:
 # -- timing helpers ------------------------------------------------------------------------
 
 
-def test_products_alone_run_the_products_the_model_runs() -> None:
+def test_matrix_products_alone_run_the_products_the_model_runs() -> None:
     before = random_llama(tiny_config())
     after = unprepared_twin(before).pack_weights()
     for m, operator in ((before, "aten.linear.default"), (after, "mkl._mkl_linear.default")):
-        counted = operator_counts(lambda m=m: products_alone_seconds(m, 8, repeats=2))
+        counted = operator_counts(lambda m=m: matrix_product_seconds(m, 8, repeats=2))
         # one warm-up and two timed passes, each running every product once
         assert counted[operator] == 3 * matrix_products_of(m)
         assert operators_by_kind(counted)[MATRIX_PRODUCTS] == 3 * matrix_products_of(m)

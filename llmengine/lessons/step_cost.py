@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from llmengine.bench.decode_step import prepare_decode_steps
-from llmengine.bench.throughput import decode_weights, operator_counts
+from llmengine.bench.throughput import matrix_product_seconds, operator_counts
 from llmengine.blocks import blocks_for_length
 from llmengine.config import LlamaConfig
 from llmengine.model import Llama
@@ -157,32 +156,6 @@ def decode_step_seconds(model: Llama, rows: int, context: int = 64, repeats: int
     return _fastest_seconds(prepare_decode_steps(model, rows, context).paged, repeats)
 
 
-def products_alone_seconds(model: Llama, rows: int, repeats: int = 5) -> float:
-    """Seconds of only the matrix products of a `rows`-row decode step, back to back, run the
-    way this model's forward runs them (fastest of `repeats`), on random activations.
-
-    A model whose groups are all packed is timed through its own groups (`linear_groups()`,
-    one packed product each). Any other is timed as `throughput.matrix_product_seconds` times
-    it, an eager `F.linear` on each of `decode_weights`, which is what an unprepared forward
-    runs; here the fastest repeat is kept, as for the step it is compared with.
-    """
-    groups = model.linear_groups()
-    products: list[Callable[[torch.Tensor], torch.Tensor]]
-    if all(group.is_packed for group in groups):
-        products, sizes = list(groups), [group.layers[0].weight.shape[1] for group in groups]
-    else:
-        weights = decode_weights(model)
-        products = [partial(F.linear, weight=weight) for weight in weights]
-        sizes = [weight.shape[1] for weight in weights]
-    inputs = [torch.randn(rows, size) for size in sizes]
-
-    def run_all() -> None:
-        for product, activations in zip(products, inputs, strict=True):
-            product(activations)
-
-    return _fastest_seconds(run_all, repeats)
-
-
 @dataclass(frozen=True, slots=True)
 class DecodeCost:
     """One decode step of `rows` rows, timed whole and as its matrix products alone."""
@@ -219,7 +192,7 @@ def decode_cost(model: Llama, rows: int, context: int = 64, repeats: int = 5) ->
     return DecodeCost(
         rows=rows,
         step_s=decode_step_seconds(model, rows, context, repeats),
-        products_s=products_alone_seconds(model, rows, repeats),
+        products_s=matrix_product_seconds(model, rows, repeats, fastest=True),
         step_flops=decode_step_flops(config, rows, context + 1),
         product_flops=2 * rows * weights_multiplied(config),
     )
@@ -282,9 +255,11 @@ def packing_timings(
     timings = []
     for rows in row_counts:
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-        torch.testing.assert_close(packed.linear(x), F.linear(x, weight), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            packed.packed_linear(x), F.linear(x, weight), rtol=1e-4, atol=1e-5
+        )
         eager = _fastest_seconds(lambda x=x: F.linear(x, weight), repeats)
-        packed_s = _fastest_seconds(lambda x=x: packed.linear(x), repeats)
+        packed_s = _fastest_seconds(lambda x=x: packed.packed_linear(x), repeats)
         timings.append(PackingTiming(rows, eager, packed_s))
     return timings
 
