@@ -225,6 +225,9 @@ class Llama(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.output_head = LinearGroup(self.embed_tokens if self.lm_head is None else self.lm_head)
+        # Loading weights writes into (or, with assign=True, replaces) the parameters; the
+        # fused and packed copies are rebuilt from them so they never serve stale weights.
+        self.register_load_state_dict_post_hook(lambda model, _: model._refresh_linear_groups())
 
     def linear_groups(self) -> list[LinearGroup]:
         """Every matrix product of a forward, as the groups that compute it (see projections)."""
@@ -249,7 +252,8 @@ class Llama(nn.Module):
         model on an MKL CPU); elsewhere the model stays fused only. Returns the model.
 
         The packed copies are made now: a weight changed in place later is not seen by them
-        until `pack_weights` runs again (moving the model with `.to()` repacks by itself).
+        until `pack_weights` runs again (moving the model with `.to()` or loading a state dict
+        repacks by itself).
         """
         for group in self.linear_groups():
             group.pack()
@@ -258,9 +262,12 @@ class Llama(nn.Module):
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Llama:
         # `.to()`, `.half()` and friends replace each parameter; the prepared copies follow.
         super()._apply(fn, recurse)
+        self._refresh_linear_groups()
+        return self
+
+    def _refresh_linear_groups(self) -> None:
         for group in self.linear_groups():
             group.refresh()
-        return self
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain causal forward, no cache: `[B, S]` token ids to `[B, S, vocab]` logits."""

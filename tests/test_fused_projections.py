@@ -72,6 +72,19 @@ def test_conversion_keeps_the_fused_matrix_in_step(fused_model):
     )
 
 
+def test_loading_weights_into_a_packed_model_repacks(fused_model, tmp_path):
+    config = fused_model.config
+    biases = {"attention_bias": config.attention_bias, "mlp_bias": config.mlp_bias}
+    save_random_llama(tmp_path / "other", seed=5, **biases)
+    other = load_model(tmp_path / "other")
+    ids = ids_for(fused_model)
+    for assign in (False, True):
+        fused_model.load_state_dict(unfused_copy(other).state_dict(), assign=assign)
+        assert all(group.is_packed for group in fused_model.linear_groups())
+        with torch.inference_mode():
+            assert (fused_model(ids) - other(ids)).abs().max().item() < 1e-5
+
+
 def test_fusing_leaves_three_matrix_products_per_layer(fused_model):
     ids = ids_for(fused_model)
     unfused_model = unfused_copy(fused_model)
