@@ -96,8 +96,9 @@ def transformers_rows(
 ) -> list[list]:
     """Useful tokens/s of llmengine and transformers' engines on the same bursts.
 
-    A batch whose run fails is a row saying why, not the end of the benchmark: transformers'
-    batching API moves between releases, and the decode table must still be written.
+    An engine that fails on a batch is a row saying why, not the end of the benchmark:
+    transformers' batching API moves between releases, and the decode table must still be
+    written.
     """
     import transformers
 
@@ -111,13 +112,15 @@ def transformers_rows(
         workload = llmengine.uniform_burst(
             batch, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
         )
-        try:
-            runs = throughput.compare_engines(runners, workload, repeats=args.repeats, warmup=1)
-        except Exception as error:  # noqa: BLE001 (reported in the table, see the docstring)
-            rows.append([dtype_name, batch, "failed", 0.0, 0.0, 0.0, str(error)[:80]])
-            continue
-        ours = runs["llmengine"]
+        # `compare` keeps going past an engine that raises and says why in its place.
+        comparison = throughput.compare(runners, workload, repeats=args.repeats, warmup=1)
+        runs, failures = comparison.runs, comparison.failures
         for name in baselines:
+            if "llmengine" not in runs or name not in runs:
+                reason = failures.get("llmengine") or failures[name]
+                rows.append([dtype_name, batch, name, 0.0, 0.0, 0.0, reason[:80]])
+                continue
+            ours = runs["llmengine"]
             same = throughput.agreement(ours.outputs, runs[name].outputs)
             rows.append(
                 [dtype_name, batch, name, runs[name].tokens_per_s,
