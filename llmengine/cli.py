@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmengine.config import DTYPES
+from llmengine.projections import PREPARATIONS
+from llmengine.quantization import QUANTIZATIONS
 from llmengine.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -44,10 +46,11 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """`--device` and `--dtype`: where the model and its KV cache live, and in what precision.
+    """`--device`, `--dtype`, `--kernels` and `--quantization`: where the model and its KV cache
+    live, in what precision, and how its matrix products are computed.
 
-    Both default to None (the CPU, float32), so a mode that has no model can refuse them. A
-    device this machine lacks is refused by `load_model`, as a one-line error.
+    All default to None (the CPU, float32, kernels measured, no quantization), so a mode that
+    has no model can refuse them. A device this machine lacks is refused by `load_model`, as a one-line error.
     """
     parser.add_argument(
         "--device", default=None, metavar="DEVICE",
@@ -57,13 +60,28 @@ def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         "--dtype", choices=(*DTYPES, "auto"), default=None,
         help="weights and KV cache precision (default float32; auto: the checkpoint's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--kernels", choices=PREPARATIONS, default=None,
+        help="matrix-product kernels: measured at load on this machine (default), "
+        "packed (MKL's packed copy for 4-48 rows) or eager (F.linear)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS, default=None,
+        help="store the weights as int8, one scale per output channel (CPU only)",
+    )  # fmt: skip
 
 
 def _load_model(args: argparse.Namespace, path: Path | None) -> Llama:
     """The checkpoint at `path` on the `--device` and in the `--dtype` the command was given."""
     import llmengine
 
-    return llmengine.load_model(path, device=args.device or "cpu", dtype=args.dtype)
+    return llmengine.load_model(
+        path,
+        device=args.device or "cpu",
+        dtype=args.dtype,
+        kernels=args.kernels or "measured",
+        quantization=args.quantization,
+    )
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -283,7 +301,15 @@ def _run_bench_url(args: argparse.Namespace) -> int:
     )
     from llmengine.bench.workloads import poisson_arrivals, uniform_burst
 
-    local_only = [*LOCAL_BENCH_OPTIONS, "policy", "preemption", "swap_blocks", "device", "dtype"]
+    local_only = [
+        *LOCAL_BENCH_OPTIONS,
+        "policy",
+        "preemption",
+        "swap_blocks",
+        "device",
+        "dtype",
+        "kernels",
+    ]
     _check_bench_options(args, (), local_only)
     if args.request_rate is not None and args.request_rates is not None:
         raise ValueError("give --request-rate or --request-rates, not both")

@@ -17,6 +17,8 @@ from torch.overrides import TorchFunctionMode
 
 from llmengine.config import DTYPES, LlamaConfig
 from llmengine.model import Llama
+from llmengine.projections import PREPARATIONS
+from llmengine.quantization import QUANTIZATIONS
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -41,16 +43,28 @@ def load_model(
     *,
     dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
+    kernels: str = "measured",
+    quantization: str | None = None,
 ) -> Llama:
     """Load a Llama checkpoint folder, in eval mode with gradients off, its matrix products
-    prepared (`Llama.pack_weights`: projections fused, weights packed for MKL where possible).
+    prepared (`Llama.prepare_kernels`: projections fused, and each product's kernel chosen
+    for each row count: `"measured"` on this machine, the default; `"packed"`, MKL's packed
+    copy for 4 to 48 rows without measuring; `"eager"`, plain `F.linear`).
+    `quantization="int8"` multiplies by int8 copies of the weights instead (weight-only, one
+    scale per output channel; CPU only: `llmengine.quantization`).
 
     `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
     or its name ("float32", "bfloat16", "float16"). `device` is where the weights go
     ("cpu", "cuda", "cuda:1", ...); one this machine does not have raises ValueError before
     anything is read.
     """
+    if kernels not in PREPARATIONS:
+        raise ValueError(f"kernels must be one of {PREPARATIONS}, not {kernels!r}")
     target_device = resolve_device(device)
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {quantization!r}")
+    if quantization is not None and target_device.type != "cpu":
+        raise ValueError(f"{quantization} quantization runs on the CPU only, not {device}")
     folder = model_folder(path)
     config = LlamaConfig.from_file(folder / "config.json")
     target_dtype = resolve_dtype(dtype, config)
@@ -64,7 +78,7 @@ def load_model(
     }
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return model.to(target_device).eval().pack_weights()
+    return model.to(target_device).eval().prepare_kernels(kernels, quantization)
 
 
 class SkipInitialisation(TorchFunctionMode):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmengine.config import LlamaConfig
+from llmengine.kernels import KernelMeasurement
 from llmengine.projections import LinearGroup
 from llmengine.rope import RotaryEmbedding, apply_rotary
 
@@ -247,17 +248,31 @@ class Llama(nn.Module):
             group.fuse()
         return self
 
-    def pack_weights(self) -> Llama:
-        """Fuse, then give every weight MKL's packed copy where `can_pack` allows (a float32
-        model on an MKL CPU); elsewhere the model stays fused only. Returns the model.
+    def prepare_kernels(self, kernels: str = "measured", quantization: str | None = None) -> Llama:
+        """Fuse, then give every matrix product its kernel for each row count
+        (`LinearGroup.prepare_kernels`: `"measured"`, `"packed"` or `"eager"`), or with
+        `quantization="int8"` an int8 copy of every weight. Returns the model.
 
-        The packed copies are made now: a weight changed in place later is not seen by them
-        until `pack_weights` runs again (moving the model with `.to()` or loading a state dict
-        repacks by itself).
+        Prepared copies are made now: a weight changed in place later is not seen by them
+        until this runs again (moving the model with `.to()` or loading a state dict prepares
+        it again by itself).
         """
         for group in self.linear_groups():
-            group.pack()
+            group.prepare_kernels(kernels, quantization)
         return self
+
+    def kernel_measurements(self) -> dict[str, KernelMeasurement]:
+        """What `prepare_kernels("measured")` timed, by product: `qkv`, `o`, `gate_up`, `down`
+        (the same shape in every layer, so measured once) and `head`."""
+        first = self.layers[0]
+        groups = {
+            "qkv": first.self_attn.qkv,
+            "o": first.self_attn.output_projection,
+            "gate_up": first.mlp.gate_up,
+            "down": first.mlp.down,
+            "head": self.output_head,
+        }
+        return {name: g.measurement for name, g in groups.items() if g.measurement is not None}
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Llama:
         # `.to()`, `.half()` and friends replace each parameter; the prepared copies follow.

@@ -5,17 +5,11 @@ Two preparations, neither of which changes a parameter's name or value:
 - fusion: linear layers that read the same input (Q, K and V; gate and up) are computed as
   one product with their weights concatenated: one operator instead of three, one pass over
   the input;
-- packing: on a CPU with MKL, each weight is also stored in the blocked layout MKL's GEMM
-  reads. An eager `F.linear` hands MKL the plain weight, and MKL repacks the whole matrix on
-  every call; for the few rows of a decode step that repacking costs as much as the product
-  (lesson 23 measures it). A packed weight is packed once. MKL is told to expect
-  `PACK_ROWS` rows, but one packed copy serves products of any row count. It pays only for
-  a few rows, though: with one to three rows MKL's unpacked path is a matrix-vector product
-  that never repacked, and with many rows the repacking is a small share of the product, so
-  `PACKED_ROWS` (measured on a 2-core Xeon; lesson 23 measures yours) bounds where it is used.
-
-Packing keeps the plain weight too (MKL's fallback needs it), so it costs memory: about 2.6
-times the weight again, measured for these shapes.
+- kernels (`llmengine.kernels`): each weight gets the kernel that multiplies by it fastest for
+  each row count, either measured on this machine (`"measured"`, what `load_model` does) or
+  by the fixed rule of MKL's packed copy for 4 to 48 rows (`"packed"`, lesson 23). An eager
+  `F.linear` hands MKL the plain weight, which MKL repacks on every call; a prepared kernel
+  reads a copy laid out once for it, which costs the weight's memory again.
 """
 
 from __future__ import annotations
@@ -27,44 +21,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PACK_ROWS = 32
-PACKED_ROWS = range(4, 49)
+from llmengine.kernels import (
+    ChosenKernels,
+    KernelMeasurement,
+    can_pack,
+    measure_kernels,
+    packed_choice,
+)
+from llmengine.quantization import QUANTIZATIONS, Int8Weight
+
+PREPARATIONS = ("measured", "packed", "eager")
 
 
 class HasWeight(Protocol):
     weight: torch.Tensor
-
-
-def can_pack(weight: torch.Tensor) -> bool:
-    """MKL's packed product exists for float32 weights on the CPU of an MKL build of torch."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and torch.backends.mkl.is_available()
-    )
-
-
-class PackedWeight:
-    """A weight `[out, in]` with MKL's packed copy of it; `linear` multiplies by it."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        if not can_pack(weight):
-            raise ValueError(f"cannot pack a {weight.dtype} weight on {weight.device}")
-        self.weight = weight
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS)
-
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` for `x` `[..., in]`: through the packed copy when `x` has
-        a row count in `PACKED_ROWS`, else through the plain weight."""
-        if x.numel() // x.shape[-1] not in PACKED_ROWS:
-            return F.linear(x, self.weight, bias)
-        return self.packed_linear(x, bias)
-
-    def packed_linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` through the packed copy, whatever the row count."""
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, bias, rows.shape[0])
-        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class LinearGroup:
@@ -72,7 +42,7 @@ class LinearGroup:
 
     Unprepared, calling the group runs the layers one by one. `fuse()` concatenates their
     weights into one matrix and makes each layer's weight a view of its rows, so both
-    spellings share memory; `pack()` adds MKL's packed copy where `can_pack` allows.
+    spellings share memory; `prepare_kernels()` gives the fused weight its kernels.
     Calling the group returns every layer's output side by side; `split` cuts them apart.
     """
 
@@ -81,8 +51,11 @@ class LinearGroup:
         self.sizes = [layer.weight.shape[0] for layer in layers]
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
-        self.packed: PackedWeight | None = None
-        self.wants_packing = False
+        self.kernels: ChosenKernels | None = None
+        self.preparation: str | None = None
+        self.measurement: KernelMeasurement | None = None
+        self.quantization: str | None = None
+        self.int8: Int8Weight | None = None
 
     @property
     def is_fused(self) -> bool:
@@ -90,11 +63,12 @@ class LinearGroup:
 
     @property
     def is_packed(self) -> bool:
-        return self.packed is not None
+        """Whether some row count goes through MKL's packed copy."""
+        return self.kernels is not None and "mkl-packed" in self.kernels.names
 
     def fuse(self) -> None:
         """One weight matrix (and bias) for the group; every layer's parameters point into it."""
-        self.packed = None
+        self.kernels = None
         if len(self.layers) == 1:
             self.weight, self.bias = self.layers[0].weight, getattr(self.layers[0], "bias", None)
             return
@@ -109,33 +83,53 @@ class LinearGroup:
                 layer.bias = nn.Parameter(self.bias[rows], requires_grad=False)
             start = rows.stop
 
-    def pack(self) -> bool:
-        """Fuse if needed, then pack where MKL can; True when the group is now packed.
+    def prepare_kernels(
+        self, preparation: str = "measured", quantization: str | None = None
+    ) -> None:
+        """Fuse if needed, then choose the kernel of each row count (see `PREPARATIONS`).
 
-        The wish is remembered: a group moved where it cannot be packed is packed again when
-        it is moved back (`refresh`)."""
-        self.wants_packing = True
+        `"measured"` times the candidates `llmengine.kernels` has for this weight here;
+        `"packed"` takes MKL's packed copy for `PACKED_ROWS` where it can pack; `"eager"`
+        keeps `F.linear`. `quantization="int8"` multiplies by an int8 copy of the weight
+        instead (`llmengine.quantization`), whatever the preparation. Both are remembered: a
+        group moved to another device or dtype is prepared again the same way (`refresh`).
+        """
+        if preparation not in PREPARATIONS:
+            raise ValueError(f"kernels must be one of {PREPARATIONS}, not {preparation!r}")
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None")
+        self.preparation, self.quantization = preparation, quantization
         if not self.is_fused:
             self.fuse()
         assert self.weight is not None
-        self.packed = PackedWeight(self.weight) if can_pack(self.weight) else None
-        return self.is_packed
+        self.kernels = self.measurement = self.int8 = None
+        if quantization == "int8":
+            self.int8 = Int8Weight(self.weight)
+            return
+        if preparation == "measured":
+            self.measurement = measure_kernels(self.weight, self.bias)
+            choice = self.measurement.chosen()
+        elif preparation == "packed":
+            choice = packed_choice() if can_pack(self.weight) else {}
+        else:
+            choice = {}
+        if set(choice.values()) - {"eager"}:
+            self.kernels = ChosenKernels(self.weight, choice)
 
     def refresh(self) -> None:
-        """After the layers were converted (`.to(...)`), prepare the group again as it was.
-
-        A group moved where packing is impossible (a GPU, bfloat16) stays fused only.
-        """
+        """After the layers were converted (`.to(...)`), prepare the group again as it was."""
         if self.is_fused:
             self.fuse()
-        if self.wants_packing:
-            self.pack()
+        if self.preparation is not None:
+            self.prepare_kernels(self.preparation, self.quantization)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        # Inductor cannot lower MKL's packed product for a symbolic row count; a compiled
+        if self.int8 is not None:
+            return self.int8.linear(x, self.bias)
+        # Inductor cannot lower the prepared kernels for a symbolic row count; a compiled
         # forward takes the plain weight and leaves the product to inductor's own choice.
-        if self.packed is not None and not torch.compiler.is_compiling():
-            return self.packed.linear(x, self.bias)
+        if self.kernels is not None and not torch.compiler.is_compiling():
+            return self.kernels.linear(x, self.bias)
         if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
         outputs = self._one_by_one(x)

@@ -7,9 +7,9 @@ import torch
 from hf_llama import save_random_llama
 
 from llmengine.bench.throughput import operator_counts
+from llmengine.kernels import PACKED_ROWS, ChosenKernels, PackedWeight, can_pack, packed_choice
 from llmengine.loader import load_model
 from llmengine.model import Llama
-from llmengine.projections import PACKED_ROWS, PackedWeight, can_pack
 
 
 def unfused_copy(model: Llama) -> Llama:
@@ -22,7 +22,7 @@ def unfused_copy(model: Llama) -> Llama:
 @pytest.fixture(params=[{}, {"attention_bias": True, "mlp_bias": True}], ids=["plain", "biases"])
 def fused_model(tmp_path, request) -> Llama:
     save_random_llama(tmp_path, **request.param)
-    return load_model(tmp_path)
+    return load_model(tmp_path, kernels="packed")
 
 
 def ids_for(model: Llama) -> torch.Tensor:
@@ -76,7 +76,7 @@ def test_loading_weights_into_a_packed_model_repacks(fused_model, tmp_path):
     config = fused_model.config
     biases = {"attention_bias": config.attention_bias, "mlp_bias": config.mlp_bias}
     save_random_llama(tmp_path / "other", seed=5, **biases)
-    other = load_model(tmp_path / "other")
+    other = load_model(tmp_path / "other", kernels="packed")
     ids = ids_for(fused_model)
     for assign in (False, True):
         fused_model.load_state_dict(unfused_copy(other).state_dict(), assign=assign)
@@ -108,14 +108,15 @@ def test_packed_product_equals_linear_for_any_row_count(rows):
     x = torch.randn(2, rows, 40, generator=generator)
     packed = PackedWeight(weight)
     expected = torch.nn.functional.linear(x, weight, bias)
-    assert (packed.linear(x, bias) - expected).abs().max().item() < 1e-4
+    dispatched = ChosenKernels(weight, packed_choice()).linear(x, bias)
+    assert (dispatched - expected).abs().max().item() < 1e-4
     assert (packed.packed_linear(x, bias) - expected).abs().max().item() < 1e-4
 
 
 def test_packed_copy_is_used_only_for_packed_rows():
     weight = torch.randn(8, 4)
-    packed = PackedWeight(weight)
-    for rows in (1, 3, 4, 48, 49):
+    packed = ChosenKernels(weight, packed_choice())
+    for rows in (1, 3, 4, 48, 49, 200):
         counts = operator_counts(lambda rows=rows: packed.linear(torch.randn(rows, 4)))
         assert counts["mkl._mkl_linear.default"] == (rows in PACKED_ROWS)
 

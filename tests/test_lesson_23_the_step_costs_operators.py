@@ -62,12 +62,20 @@ def tiny_config(tied: bool = False) -> LlamaConfig:
 
 
 @pytest.fixture(scope="module")
+def model() -> llmengine.Llama:
+    """The embedded model as the lesson loads it: packed by the fixed rule, not measured, so
+    that its operator counts are the same on every machine."""
+    return llmengine.load_model(kernels="packed")
+
+
+@pytest.fixture(scope="module")
 def models(model: llmengine.Llama) -> dict[str, dict[str, llmengine.Llama]]:
     """The lesson's four models, built as the lesson builds them."""
     random_25m = random_llama(HELD_OUT_CONFIG)
+    packed_25m = unprepared_twin(random_25m).prepare_kernels("packed")
     return {
         "embedded": {"before": unprepared_twin(model), "after": model},
-        "random 25M": {"before": random_25m, "after": unprepared_twin(random_25m).pack_weights()},
+        "random 25M": {"before": random_25m, "after": packed_25m},
     }
 
 
@@ -178,7 +186,7 @@ def test_the_flops_table_is_the_formula_on_each_model(models) -> None:
 
 def test_matrix_products_alone_run_the_products_the_model_runs() -> None:
     before = random_llama(tiny_config())
-    after = unprepared_twin(before).pack_weights()
+    after = unprepared_twin(before).prepare_kernels("packed")
     for m, operator in ((before, "aten.linear.default"), (after, "mkl._mkl_linear.default")):
         counted = operator_counts(lambda m=m: matrix_product_seconds(m, 8, repeats=2))
         # one warm-up and two timed passes, each running every product once
@@ -199,7 +207,7 @@ def test_decode_cost_times_a_step_and_counts_its_flops() -> None:
 
 def test_fastest_decode_costs_cover_every_model_and_row_count() -> None:
     before = random_llama(tiny_config())
-    models = {"before": before, "after": unprepared_twin(before).pack_weights()}
+    models = {"before": before, "after": unprepared_twin(before).prepare_kernels("packed")}
     costs = fastest_decode_costs(models, (1, 3), context=4, repeats=1, rounds=2)
     assert list(costs) == ["before", "after"]
     for key, by_rows in costs.items():

@@ -2,9 +2,9 @@
 
 A "before" model runs one matrix product per projection through eager `F.linear` (a
 `Llama(config)` given a state dict); an "after" model has its projections fused and its
-weights MKL-packed (`Llama.pack_weights`, which `load_model` does). Everything here takes a
-model as it is and measures or counts what its decode step does, so the lesson, its test and
-any later benchmark read the two the same way.
+weights MKL-packed (`Llama.prepare_kernels("packed")`, as `load_model(kernels="packed")`
+does). Everything here takes a model as it is and measures or counts what its decode step
+does, so the lesson, its test and any later benchmark read the two the same way.
 
 Timings keep the fastest of a few repeats, on whatever threads torch was given: on a machine
 shared with other work, the fastest run is the one least disturbed by it, which is what the
@@ -27,9 +27,9 @@ from llmengine.bench.decode_step import prepare_decode_steps
 from llmengine.bench.throughput import matrix_product_seconds, operator_counts
 from llmengine.blocks import blocks_for_length
 from llmengine.config import LlamaConfig
+from llmengine.kernels import PackedWeight
 from llmengine.model import Llama
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
-from llmengine.projections import PackedWeight
 
 Key = TypeVar("Key", bound=Hashable)  # whatever names the models compared: a label, a tuple
 
