@@ -50,7 +50,8 @@ def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     live, in what precision, and how its matrix products are computed.
 
     All default to None (the CPU, float32, kernels measured, no quantization), so a mode that
-    has no model can refuse them. A device this machine lacks is refused by `load_model`, as a one-line error.
+    has no model can refuse them. A device this machine lacks is refused by `load_model`, as
+    a one-line error.
     """
     parser.add_argument(
         "--device", default=None, metavar="DEVICE",
