@@ -1,0 +1,91 @@
+"""Weight-only int8: what the int8 values stand for, the product by them, and a model that
+multiplies by them everywhere while its text stays close to float32's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmengine
+from llmengine.cli import main
+from llmengine.loader import load_model
+from llmengine.quantization import Int8Weight
+
+
+def random_weight(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def test_each_value_is_within_half_a_step_of_the_weight():
+    weight = random_weight(64, 48)
+    weight[3] = 0.0  # a row of zeros must not divide by zero
+    int8 = Int8Weight(weight)
+    assert int8.values.dtype == torch.int8 and int8.values.shape == (64, 48)
+    assert int8.values.abs().max().item() == 127  # every non-zero row uses the full range
+    steps = int8.scales[:, None]
+    assert ((int8.dequantized() - weight).abs() <= steps / 2 + 1e-8).all()
+    assert (int8.values[3] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 32])
+def test_the_product_is_the_product_by_the_dequantized_weight(dtype, rows):
+    weight = random_weight(80, 64, seed=rows).to(dtype)
+    bias = torch.randn(80).to(dtype)
+    x = torch.randn(2, rows, 64).to(dtype)
+    int8 = Int8Weight(weight)
+    out = int8.linear(x, bias)
+    assert out.dtype == dtype and out.shape == (2, rows, 80)
+    expected = F.linear(x.float(), int8.dequantized().float(), bias.float())
+    tolerance = 1e-4 if dtype == torch.float32 else 0.05
+    assert (out.float() - expected).abs().max().item() < tolerance
+
+
+def test_only_float_matrices_are_quantised():
+    with pytest.raises(ValueError, match="2-D float"):
+        Int8Weight(torch.zeros(4, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2-D float"):
+        Int8Weight(torch.zeros(4))
+
+
+@pytest.fixture(scope="module")
+def int8_model() -> llmengine.Llama:
+    return load_model(quantization="int8")
+
+
+def test_every_product_of_an_int8_model_is_int8(int8_model):
+    groups = int8_model.linear_groups()
+    assert all(g.int8 is not None and g.kernels is None for g in groups)
+    assert int8_model.kernel_measurements() == {}
+
+
+def test_int8_logits_stay_close_to_float32(int8_model, model):
+    ids = torch.tensor([llmengine.load_tokenizer().encode("ROMEO:\nBut soft, what light")])
+    with torch.inference_mode():
+        full, quantised = model(ids), int8_model(ids)
+    spread = (full.max() - full.min()).item()
+    assert 0 < (quantised - full).abs().max().item() < 0.05 * spread
+    assert (quantised.argmax(-1) == full.argmax(-1)).float().mean().item() >= 0.9
+
+
+def test_a_converted_int8_model_quantises_again():
+    converted = load_model(quantization="int8").to(torch.bfloat16)
+    assert all(g.int8.scales.dtype == torch.bfloat16 for g in converted.linear_groups())
+    ids = torch.tensor([[5, 9, 2, 7]])
+    with torch.inference_mode():
+        assert converted(ids).dtype == torch.bfloat16
+
+
+def test_unknown_quantization_is_refused():
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(quantization="int4")
+
+
+def test_generate_takes_quantization_and_kernels(capsys):
+    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", "4", "--quantization", "int8"]
+    assert main([*argv, "--kernels", "eager"]) == 0
+    assert capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--prompt", "ROMEO:", "--kernels", "fastest"])
+    assert exit_info.value.code == 2
