@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import llmengine
+from llmengine.bench.precision import held_out_ids
 from llmengine.cli import main
 from llmengine.loader import load_model
 from llmengine.quantization import Int8Weight
@@ -23,7 +24,7 @@ def test_each_value_is_within_half_a_step_of_the_weight():
     int8 = Int8Weight(weight)
     assert int8.values.dtype == torch.int8 and int8.values.shape == (64, 48)
     assert int8.values.abs().max().item() == 127  # every non-zero row uses the full range
-    steps = int8.scales[:, None]
+    steps = int8.scales.float()[:, None]
     assert ((int8.dequantized() - weight).abs() <= steps / 2 + 1e-8).all()
     assert (int8.values[3] == 0).all()
 
@@ -38,8 +39,8 @@ def test_the_product_is_the_product_by_the_dequantized_weight(dtype, rows):
     out = int8.linear(x, bias)
     assert out.dtype == dtype and out.shape == (2, rows, 80)
     expected = F.linear(x.float(), int8.dequantized().float(), bias.float())
-    tolerance = 1e-4 if dtype == torch.float32 else 0.05
-    assert (out.float() - expected).abs().max().item() < tolerance
+    # The product runs on bfloat16 activations: within bfloat16's rounding of the result.
+    assert (out.float() - expected).abs().max().item() < 0.02 * expected.abs().max().item()
 
 
 def test_only_float_matrices_are_quantised():
@@ -61,7 +62,7 @@ def test_every_product_of_an_int8_model_is_int8(int8_model):
 
 
 def test_int8_logits_stay_close_to_float32(int8_model, model):
-    ids = torch.tensor([llmengine.load_tokenizer().encode("ROMEO:\nBut soft, what light")])
+    ids = torch.tensor([held_out_ids(llmengine.load_tokenizer())[:200]])
     with torch.inference_mode():
         full, quantised = model(ids), int8_model(ids)
     spread = (full.max() - full.min()).item()
@@ -71,7 +72,7 @@ def test_int8_logits_stay_close_to_float32(int8_model, model):
 
 def test_a_converted_int8_model_quantises_again():
     converted = load_model(quantization="int8").to(torch.bfloat16)
-    assert all(g.int8.scales.dtype == torch.bfloat16 for g in converted.linear_groups())
+    assert all(g.int8.dtype == torch.bfloat16 for g in converted.linear_groups())
     ids = torch.tensor([[5, 9, 2, 7]])
     with torch.inference_mode():
         assert converted(ids).dtype == torch.bfloat16
