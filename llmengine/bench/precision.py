@@ -12,7 +12,6 @@ Three measures, from the closest look to the widest:
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,8 +46,14 @@ PRECISIONS = (
 
 
 def in_precision(model: Llama, precision: Precision, kernels: str = "measured") -> Llama:
-    """A copy of `model` (float32, on the CPU) stored and computed in `precision`."""
-    converted = copy.deepcopy(model).to(precision.dtype)
+    """A copy of `model`'s weights (float32, on the CPU) stored and computed in `precision`.
+
+    Built from the state dict, not deep-copied: prepared kernels hold opaque tensors (oneDNN's
+    reordered weights) that cannot be copied, and are prepared anew for the new dtype anyway.
+    """
+    converted = Llama(model.config)
+    converted.load_state_dict(model.state_dict())
+    converted = converted.eval().requires_grad_(False).to(precision.dtype)
     return converted.prepare_kernels(kernels, precision.quantization)
 
 
