@@ -14,7 +14,7 @@ export PYTHONHASHSEED := 0
 # One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: reports test lab lint format model bench cuda-check
+.PHONY: reports test lab lint format model bench peers cuda-check
 
 # torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -60,6 +60,11 @@ model: $(STAMP)
 bench: $(STAMP)
 	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_decode_step.py
 	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_throughput.py
+
+# llama.cpp and vLLM against llmengine on the same weights and threads (2 unless PEERS_ARGS
+# says --threads N); builds and downloads into .cache/peers/ on first use (see README).
+peers: $(STAMP)
+	env -u OMP_NUM_THREADS $(BIN)/python scripts/peers.py $(PEERS_ARGS)
 
 # The checks only a GPU can run (CI has none): CUDA parity and engine tests, then the CUDA
 # throughput benchmark; writes reports/wallclock/cuda-parity.md and cuda-throughput.md.
