@@ -10,7 +10,7 @@ ids are compared across engines. See `llmengine/bench/peers/` for each part.
 Writes `reports/wallclock/peers.md` and `figures/wallclock/peers.png`.
 
 Usage: .venv/bin/python scripts/peers.py [--threads N] [--models embedded,25M,100M]
-           [--skip-vllm] [--skip-llamacpp] [--quick] [--rounds R]
+           [--skip-vllm] [--skip-llamacpp] [--no-build] [--quick] [--rounds R]
 Minutes to build and gigabytes to download the first time; never part of `make test`.
 """
 
@@ -44,14 +44,15 @@ def checkpoints(names: Sequence[str], cache: Path) -> dict[str, Path]:
     random ones saved once into the cache (with the embedded tokenizer, which the GGUF
     converter needs; the benchmarks feed token ids, so it is never used to time anything)."""
     folders = {}
-    for index, name in enumerate(names):
+    for name in names:
         if name == plan.EMBEDDED:
             folders[name] = llmengine.embedded_model_path()
             continue
         folder = cache / "checkpoints" / name
         if not (folder / "config.json").exists():
             print(f"saving the random {name} checkpoint to {folder}", flush=True)
-            throughput.save_random_checkpoint(folder, seed=index, **plan.RANDOM_SHAPES[name])
+            seed = plan.MODELS.index(name)  # fixed per model, whichever are asked for
+            throughput.save_random_checkpoint(folder, seed=seed, **plan.RANDOM_SHAPES[name])
             for file in TOKENIZER_FILES:
                 shutil.copy(llmengine.embedded_model_path() / file, folder / file)
         folders[name] = folder
@@ -64,7 +65,7 @@ def prepare_peers(args: argparse.Namespace, cache: Path) -> Peers:
         peers.errors[LLAMA] = "skipped (--skip-llamacpp)"
     else:
         try:
-            peers.llama = llamacpp.prepare(cache)
+            peers.llama = llamacpp.prepare(cache, build=not args.no_build)
         except Exception as error:  # noqa: BLE001 - a peer that cannot be had is a row
             peers.errors[LLAMA] = f"not prepared: {rounds._reason(error)}"
     if args.skip_vllm:
@@ -162,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(plan.MODELS), help="comma-separated")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument(
+        "--no-build",
+        action="store_true",
+        help="use the llama.cpp binaries already built, build nothing (a missing one fails "
+        "only its rows)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and requests")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
     args = parser.parse_args(argv)

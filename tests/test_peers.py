@@ -136,6 +136,10 @@ def test_agreement_says_where_the_first_difference_is() -> None:
 
 def test_server_commands_pin_threads_slots_and_a_local_address(tmp_path: Path) -> None:
     llama = llamacpp.LlamaCpp(tmp_path, tmp_path / "bin", tmp_path / "python", "test")
+    with pytest.raises(RuntimeError, match="llama-server is not built"):
+        llamacpp.server_command(llama, tmp_path / "m.gguf", 16, 2)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").touch()
     command = llamacpp.server_command(llama, tmp_path / "m.gguf", 16, 2)
     assert command[0] == str(tmp_path / "bin" / "llama-server")
     pairs = dict(zip(command[1::2], command[2::2], strict=False))

@@ -47,7 +47,11 @@ class LlamaCpp:
     version: str
 
     def binary(self, name: str) -> Path:
-        return self.bin_dir / name
+        """The built binary `name`; RuntimeError when it is not (yet) there (`--no-build`)."""
+        path = self.bin_dir / name
+        if not path.exists():
+            raise RuntimeError(f"{name} is not built in {self.bin_dir}")
+        return path
 
 
 def run_logged(command: Sequence[str | Path], log: Path, timeout: float, **kwargs) -> None:
@@ -125,10 +129,13 @@ def _convert_python(cache: Path, source: Path) -> Path:
 
 
 def _version(bin_dir: Path, sdist: Path) -> str:
-    """The sdist's version and what the binary says of itself (no git: commit unknown)."""
+    """The sdist's version and what a binary says of itself (no git: commit unknown)."""
+    built = [bin_dir / target for target in TARGETS if (bin_dir / target).exists()]
+    if not built:
+        raise RuntimeError(f"none of {', '.join(TARGETS)} is built in {bin_dir}")
     try:
         done = subprocess.run(
-            [str(bin_dir / "llama-server"), "--version"], capture_output=True, text=True, timeout=30
+            [str(built[0]), "--version"], capture_output=True, text=True, timeout=30
         )
         said = next(
             (line for line in (done.stdout + done.stderr).splitlines() if "version" in line), ""
@@ -138,12 +145,16 @@ def _version(bin_dir: Path, sdist: Path) -> str:
     return f"vendored in {sdist.name.removesuffix('.tar.gz')} ({said.strip()})"
 
 
-def prepare(cache: Path) -> LlamaCpp:
-    """Download, extract, build and install the converter, reusing whatever `cache` holds."""
+def prepare(cache: Path, build: bool = True) -> LlamaCpp:
+    """Download, extract, build and install the converter, reusing whatever `cache` holds.
+
+    With `build=False` the binaries already built are used as they are (a build may still be
+    going on beside the run), and a missing one fails only the rows that need it.
+    """
     cache.mkdir(parents=True, exist_ok=True)
     sdist = _sdist(cache)
     source = _source(cache, sdist)
-    bin_dir = _build(cache, source)
+    bin_dir = _build(cache, source) if build else cache / "llama-build" / "bin"
     python = _convert_python(cache, source)
     return LlamaCpp(source, bin_dir, python, _version(bin_dir, sdist))
 

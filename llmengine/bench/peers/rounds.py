@@ -186,10 +186,10 @@ def _llama_mixed(
     if peers.llama is None or gguf is None:
         greedy[LLAMA] = peers.errors.get(LLAMA, "skipped")
         return [failed(label, MIXED, LLAMA, greedy[LLAMA])] * settings.rounds
-    command = llamacpp.server_command(peers.llama, gguf, len(mixed), settings.threads)
     log = settings.cache / "logs" / f"llama-server-{label}.log"
     out = []
     try:
+        command = llamacpp.server_command(peers.llama, gguf, len(mixed), settings.threads)
         with servers.running(
             command, env=thread_env(settings.threads), log=log, start_timeout=300
         ) as url:
@@ -236,11 +236,11 @@ def http_servers(
     """Each engine's server: command (None when the peer is missing), environment, and why."""
     table: dict[str, tuple[list[str] | None, dict[str, str], str]] = {}
     if peers.llama is not None and gguf is not None:
-        table[LLAMA] = (
-            llamacpp.server_command(peers.llama, gguf, HTTP_SLOTS, threads),
-            thread_env(threads),
-            "",
-        )
+        try:
+            command = llamacpp.server_command(peers.llama, gguf, HTTP_SLOTS, threads)
+            table[LLAMA] = (command, thread_env(threads), "")
+        except RuntimeError as error:
+            table[LLAMA] = (None, {}, _reason(error))
     else:
         table[LLAMA] = (None, {}, peers.errors.get(LLAMA, "skipped"))
     if peers.vllm is not None:
