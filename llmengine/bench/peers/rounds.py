@@ -197,7 +197,7 @@ def _llama_mixed(
             greedy[LLAMA] = llamacpp.greedy_tokens(url, prompts, GREEDY_TOKENS, CALL_TIMEOUT_S)
             name = served_model(f"{url}/v1")
             for _ in range(settings.rounds):
-                out.append(_over_http(label, f"{MIXED} (llama-server)", LLAMA, url, name, mixed))
+                out.append(_over_http(label, MIXED, LLAMA, url, name, mixed))
     except Exception as error:  # noqa: BLE001 - any failure of the peer is reported, not raised
         greedy.setdefault(LLAMA, _reason(error))
         out.append(failed(label, MIXED, LLAMA, _reason(error)))
