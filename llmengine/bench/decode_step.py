@@ -45,6 +45,21 @@ HELD_OUT_SHAPE: dict[str, Any] = {**BENCH_SHAPE, "vocab_size": 2048}
 HELD_OUT_CONFIG = LlamaConfig.from_dict(
     {"model_type": "llama", **HELD_OUT_SHAPE}, source="HELD_OUT_SHAPE"
 )
+# The ~100M shape of issue 20: a Llama-2-sized vocabulary (whose output head is a quarter of
+# the weights), tied embeddings, three query heads to each KV head.
+SHAPE_100M: dict[str, Any] = {
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
+SHAPE_100M_CONFIG = LlamaConfig.from_dict(
+    {"model_type": "llama", **SHAPE_100M}, source="SHAPE_100M"
+)
 
 
 def random_llama(config: LlamaConfig = BENCH_CONFIG, seed: int = 0, std: float = 0.02) -> Llama:
