@@ -67,8 +67,9 @@ def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         "packed (MKL's packed copy for 4-48 rows) or eager (F.linear)",
     )  # fmt: skip
     parser.add_argument(
-        "--quantization", choices=QUANTIZATIONS, default=None,
-        help="store the weights as int8, one scale per output channel (CPU only)",
+        "--quantization", choices=("none", *QUANTIZATIONS), default=None,
+        help="int8: store the weights as int8, one scale per output channel (CPU only); "
+        "none (default): in --dtype",
     )  # fmt: skip
 
 
@@ -81,7 +82,7 @@ def _load_model(args: argparse.Namespace, path: Path | None) -> Llama:
         device=args.device or "cpu",
         dtype=args.dtype,
         kernels=args.kernels or "measured",
-        quantization=args.quantization,
+        quantization=None if args.quantization == "none" else args.quantization,
     )
 
 

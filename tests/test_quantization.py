@@ -84,9 +84,10 @@ def test_unknown_quantization_is_refused():
 
 
 def test_generate_takes_quantization_and_kernels(capsys):
-    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", "4", "--quantization", "int8"]
-    assert main([*argv, "--kernels", "eager"]) == 0
+    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", "4", "--kernels", "eager"]
+    assert main([*argv, "--quantization", "int8"]) == 0
     assert capsys.readouterr().out
+    assert main([*argv, "--quantization", "none"]) == 0
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--prompt", "ROMEO:", "--kernels", "fastest"])
     assert exit_info.value.code == 2
