@@ -25,6 +25,7 @@ from llmengine.kernels import (
     ChosenKernels,
     KernelMeasurement,
     can_pack,
+    candidates_for,
     measure_kernels,
     packed_choice,
 )
@@ -106,7 +107,8 @@ class LinearGroup:
         if quantization == "int8":
             self.int8 = Int8Weight(self.weight)
             return
-        if preparation == "measured":
+        # Where F.linear is the only candidate (a GPU, float16) there is nothing to time.
+        if preparation == "measured" and len(candidates_for(self.weight)) > 1:
             self.measurement = measure_kernels(self.weight, self.bias)
             choice = self.measurement.chosen()
         elif preparation == "packed":

@@ -160,3 +160,13 @@ def test_embedded_greedy_text_is_the_same_with_every_kernel_preparation():
 def test_load_model_refuses_unknown_kernels():
     with pytest.raises(ValueError, match="kernels must be one of"):
         load_model(kernels="fastest")
+
+
+def test_a_weight_with_only_eager_to_choose_from_is_not_timed(measured_and_eager):
+    measured, _ = measured_and_eager
+    model = llmengine.Llama(measured.config)
+    model.load_state_dict(measured.state_dict())
+    model.to(torch.float16).prepare_kernels()
+    assert candidates_for(model.output_head.weight) == ["eager"]
+    assert model.kernel_measurements() == {}
+    assert all(group.kernels is None for group in model.linear_groups())
