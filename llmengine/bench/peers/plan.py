@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmengine.bench.decode_step import HELD_OUT_SHAPE
+from llmengine.bench.decode_step import HELD_OUT_SHAPE, SHAPE_100M
 from llmengine.bench.workloads import RequestSpec, mixed_workload, poisson_arrivals, uniform_burst
 from llmengine.lessons.artifacts import repository_root
 
@@ -14,17 +14,6 @@ EMBEDDED = "embedded"
 RANDOM_25M = "25M"
 RANDOM_100M = "100M"
 MODELS = (EMBEDDED, RANDOM_25M, RANDOM_100M)
-# The ~100M shape of issue 20: a Llama-2-sized vocabulary, tied embeddings, grouped KV heads.
-SHAPE_100M: dict[str, Any] = {
-    "vocab_size": 32000,
-    "hidden_size": 768,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-}
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {RANDOM_25M: HELD_OUT_SHAPE, RANDOM_100M: SHAPE_100M}
 
 # Offline decode: B sequences at once, each a PROMPT_LEN-token prompt and DECODE_TOKENS new

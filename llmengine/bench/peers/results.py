@@ -154,7 +154,7 @@ def plot(rows: Sequence[Row], title: str, name: str = "peers") -> Path:
     keys = list(dict.fromkeys(row.key for row in rows))
     engines = list(dict.fromkeys(row.engine for row in rows))
     by = {(row.key, row.engine): row.tokens_per_s for row in rows}
-    fig, ax = plt.subplots(figsize=(max(6.4, 0.5 * len(keys) * len(engines)), 4.4))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.4, 0.3 * len(keys) * len(engines))), 4.4))
     width = 0.8 / max(len(engines), 1)
     for e, engine in enumerate(engines):
         xs = [k + (e - (len(engines) - 1) / 2) * width for k in range(len(keys))]
