@@ -158,6 +158,10 @@ class DecodeGraphs:
     a new process quicker) and timed against the eager forward on the same dummy decode; a
     bucket whose graph is not faster is dropped, so the graph never makes a step slower.
 
+    The weights are folded into each graph as they are when it is built: weights changed
+    later (a new state dict) are not seen by it. Each bucket's graph holds its own prepared
+    (packed) copies of them, which costs memory per bucket.
+
     On CUDA the same buckets go through inductor's CUDA graphs (`triton.cudagraphs`), with
     the cache tensors marked as static addresses so that mutating them does not disable
     them. That path is written but UNTESTED: no GPU was available when it was written.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import llmengine
 import llmengine.decode_graph as decode_graph
@@ -109,10 +110,13 @@ def test_graph_engine_generates_the_eager_tokens(tiny, graph_engine):
     assert preempted > 0  # the cramped pool preempted someone
 
 
-def test_graph_runs_only_for_decode_steps(graph_engine):
+def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
+    graphs = counters["stats"]["unique_graphs"]
     prompts, params = workload(seed=1, count=2)
     _, used, _ = run(graph_engine, prompts, params)
     assert used[0] == 0 and sum(used) > 0  # the first step prefills
+    # Every step reads a different number of keys: symbolic, so no new graph.
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_padding_rows_never_touch_real_rows(graph_engine):
