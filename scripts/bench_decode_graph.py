@@ -40,6 +40,26 @@ SETTINGS: dict[str, dict[str, object]] = {
         "cpp_wrapper": True,
     },
 }
+NOTES = """## Notes
+
+- Freezing has to be on while dynamo traces, not only in inductor's options: set through
+  `torch.compile(options=...)` alone, dynamo lifted the weights to graph inputs, they reached
+  inductor as arguments of extern `mm` calls, and the 25M model's one-row graph ran at eager's
+  speed (17-18 ms against 17 ms, same machine, 1 thread). `DecodeGraphs` patches
+  `torch._inductor.config.freezing` around its compiles and calls.
+- The number of keys K is symbolic (`mark_dynamic`): one compile per bucket serves every
+  context length. Rounding K up to length buckets instead would compile each (bucket, length)
+  pair, at 45-150 s each here under max-autotune, for no measured gain to set against it.
+- One torch thread: under this shared machine's load (4-7 on 2 cores) two OpenMP threads made
+  both eager and graph steps 3-10x slower and erratic (an eager one-row step of the embedded
+  model took 46 ms, the graph 120 ms).
+- cpp_wrapper looked about 8% faster at one row (7.4 against 8.0 ms) and 4% at 32 in one
+  run each, under different loads; within this machine's noise, so it is not in
+  `CPU_OPTIONS` (the tables above were measured without it). The default and freezing rows
+  of the settings table ran beside a test run: compare graph with eager within a row only.
+- Sampling stays outside the graph: it is per request (seeds, temperature, penalties), and a
+  greedy argmax over `[B, vocab]` costs microseconds beside these steps.
+"""
 REPORT = Path(__file__).resolve().parents[1] / "reports" / "wallclock" / "decode-graph.md"
 
 
@@ -105,6 +125,10 @@ def spawn(
     return result
 
 
+def loads(values: list[float]) -> str:
+    return ", ".join(f"{value:.1f}" for value in values)
+
+
 def cpu_model() -> str:
     for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
         if line.startswith("Model name:"):
@@ -148,7 +172,8 @@ def main() -> None:
         lines += [
             f"## {model} model",
             "",
-            f"Load average during the timing: {first['load']} to {first['load_after']}. "
+            f"Load average (1, 5, 15 min) during the timing: {loads(first['load'])} to "
+            f"{loads(first['load_after'])}. "
             f"Whole process, first start {first['process_s']:.0f} s (timing included), "
             f"second start {second['process_s']:.0f} s.",
             "",
@@ -181,7 +206,7 @@ def main() -> None:
                     f"| {result['compile_s'][bucket]:.1f} |"
                 )
         lines.append("")
-    REPORT.write_text("\n".join(lines), encoding="utf-8")
+    REPORT.write_text("\n".join(lines) + NOTES, encoding="utf-8")
     print(REPORT)
 
 
