@@ -176,3 +176,13 @@ def test_round_keys_reads_masked_scratch():
     )
     assert read.tolist() == [[8, 9, 10, 11, 16, 17, 40, 40]]
     assert mask.tolist() == [[True] * 6 + [False] * 2]
+
+
+def test_cli_takes_decode_graph_on_generate_serve_and_bench():
+    from llmengine.cli import build_parser
+
+    parser = build_parser()
+    bench = ["bench", "--requests", "2", "--prompt-len", "3", "--max-tokens", "2"]
+    for argv in (["generate", "--prompt", "x"], ["serve"], bench):
+        assert parser.parse_args([*argv, "--decode-graph"]).decode_graph is True
+        assert parser.parse_args(argv).decode_graph is False
