@@ -73,6 +73,15 @@ def add_device_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     )  # fmt: skip
 
 
+def add_decode_graph_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--decode-graph`: compile the decode step once per batch bucket (llmengine.decode_graph)."""
+    parser.add_argument(
+        "--decode-graph", action="store_true",
+        help="compile the whole decode step once per batch bucket at start-up (inductor, frozen "
+        "weights); decode-only steps run the graph, the rest eager",
+    )  # fmt: skip
+
+
 def _load_model(args: argparse.Namespace, path: Path | None) -> Llama:
     """The checkpoint at `path` on the `--device` and in the `--dtype` the command was given."""
     import llmengine
@@ -108,7 +117,13 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt_ids = tokenizer.encode(args.prompt)
     # One request alone: a pool that holds its worst case, so it is never preempted.
     num_blocks = llmengine.blocks_for_length(len(prompt_ids) + params.max_tokens, BLOCK_SIZE)
-    engine = llmengine.Engine(model, num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=1)
+    engine = llmengine.Engine(
+        model,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        num_slots=1,
+        decode_graph=args.decode_graph,
+    )
     start = time.perf_counter()
     request_id = engine.add_request(prompt_ids, params)
     decoder = IncrementalDecoder(tokenizer)
@@ -146,6 +161,7 @@ def add_generate(subparsers: Subparsers) -> None:
     )
     add_model_argument(parser)
     add_device_arguments(parser)
+    add_decode_graph_argument(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-tokens",
@@ -265,6 +281,7 @@ def _run_bench_pools(args: argparse.Namespace) -> int:
             policy=policy,
             preemption=preemption,
             swap_blocks=swap_blocks,
+            decode_graph=args.decode_graph,
             progress=sys.stderr.isatty(),
         )
     except DivergentOutputError as error:
@@ -407,6 +424,7 @@ def add_bench(subparsers: Subparsers) -> None:
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",
     )  # fmt: skip
     add_device_arguments(local)
+    add_decode_graph_argument(local)
     remote = parser.add_argument_group("a server (with --url)")
     remote.add_argument(
         "--url", default=None, metavar="http://HOST:PORT/v1",
@@ -475,6 +493,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching,
         compile=args.compile,
+        decode_graph=args.decode_graph,
         tokenizer=tokenizer,
     )
     app = create_app(
@@ -536,6 +555,7 @@ def add_serve(subparsers: Subparsers) -> None:
         help="compile each layer's position-wise halves with torch.compile at start-up "
         "(lesson 23; on a CPU it costs seconds and buys little)",
     )  # fmt: skip
+    add_decode_graph_argument(parser)
     parser.add_argument(
         "--max-waiting", type=_positive_int, default=256, metavar="W",
         help="most requests queued for a slot, new ones included; more get HTTP 429 "

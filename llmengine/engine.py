@@ -20,6 +20,7 @@ import torch
 
 from llmengine.blocks import blocks_for_length
 from llmengine.compiled import compiled_layer_steps, warm_up
+from llmengine.decode_graph import DecodeGraphs, buckets_for
 from llmengine.model import LayerSteps, Llama
 from llmengine.outcome import IterationOutcome, TokenLogprobs
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
@@ -56,6 +57,13 @@ class Engine:
     (`llmengine.compiled`), compiled once when the engine is built (`compile_seconds`);
     attention and everything else stay as they are. The default keeps the eager forward.
 
+    `decode_graph=True` compiles the whole decode forward once per batch bucket
+    (`llmengine.decode_graph`: 1, 2, 4, ... up to `num_slots`; a sequence of ints names the
+    buckets) when the engine is built (`graph_compile_seconds`). A step whose rows are all
+    one-token decodes runs the graph of the smallest bucket that holds them, padded; any
+    other step (prefills, chunks, mixed) runs eager, as does a bucket whose graph was not
+    faster than eager when it was built. `graph_steps` counts the steps that used a graph.
+
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
     """
@@ -76,6 +84,7 @@ class Engine:
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = False,
         compile: bool = False,
+        decode_graph: bool | Sequence[int] = False,
         tokenizer: Any = None,
     ) -> None:
         self.model = model
@@ -100,14 +109,23 @@ class Engine:
         )
         self.scheduler.on_release = self._on_release
         parameter = next(model.parameters())
+        # The decode graphs pad a batch up to its bucket; the padding rows write their K/V into
+        # one extra block beyond the pool, which the scheduler never hands out.
         self.cache = PagedKVCache(
             model.config,
-            num_blocks,
+            num_blocks + 1 if decode_graph else num_blocks,
             block_size,
             dtype=parameter.dtype,
             device=parameter.device,
             swap_blocks=swap_blocks,
         )
+        self.decode_graphs: DecodeGraphs | None = None
+        self.graph_compile_seconds = 0.0
+        self.graph_steps = 0
+        if decode_graph:
+            buckets = buckets_for(num_slots) if decode_graph is True else list(decode_graph)
+            self.decode_graphs = DecodeGraphs(model, self.cache, num_blocks, buckets)
+            self.graph_compile_seconds = sum(self.decode_graphs.compile_seconds.values())
         self.eos_token_ids = model.config.eos_token_ids
         self.iteration = 0
         # Which request holds each slot. The scheduler moves slots; the hook keeps this in
@@ -265,7 +283,13 @@ class Engine:
         for row in decision.rows:
             self.slot_owners[row.request.slot] = row.request.request_id
         rows = [paged_row(row) for row in decision.rows]
-        logits = paged_forward(self.model, self.cache, rows, self.layer_steps)
+        bucket = self._decode_bucket(decision.rows)
+        if bucket is None:
+            logits = paged_forward(self.model, self.cache, rows, self.layer_steps)
+        else:
+            assert self.decode_graphs is not None
+            logits = self.decode_graphs(rows, bucket)
+            self.graph_steps += 1
         tokens, logprobs = self._sample(decision.rows, logits)
         finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
         for request in finished:
@@ -274,6 +298,15 @@ class Engine:
         outcome.logprobs = logprobs
         self.iteration += 1
         return outcome
+
+    def _decode_bucket(self, rows: list[ScheduledRow]) -> int | None:
+        """The decode graph's bucket for these rows, or None when the step runs eager: no
+        graphs, a prefill or chunk among the rows, or no kept bucket holds them all."""
+        if self.decode_graphs is None or any(
+            row.is_prefill or len(row.token_ids) != 1 for row in rows
+        ):
+            return None
+        return self.decode_graphs.graph_for(len(rows))
 
     def _sample(
         self, rows: list[ScheduledRow], logits: torch.Tensor

@@ -127,13 +127,14 @@ def sweep_pool_sizes(
     preemption: str = "recompute",
     swap_blocks: int = 0,
     enable_prefix_caching: bool = False,
+    decode_graph: bool = False,
     clock: Clock | None = None,
     progress: bool = False,
 ) -> list[PoolResult]:
     """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
 
     Every engine gets the same `policy`, `preemption` mode, host swap space of
-    `swap_blocks` blocks and `enable_prefix_caching` (see `Engine`). Raises
+    `swap_blocks` blocks, `enable_prefix_caching` and `decode_graph` (see `Engine`). Raises
     `DivergentOutputError` when any pool's tokens differ from the first pool's, and
     ValueError (naming the pool) when a pool cannot take the workload at all.
     """
@@ -152,6 +153,7 @@ def sweep_pool_sizes(
             preemption=preemption,
             swap_blocks=swap_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            decode_graph=decode_graph,
         )
         try:
             run = run_workload(engine, workload, clock=clock)

@@ -1,0 +1,188 @@
+"""`Engine(decode_graph=...)`: the decode step compiled per batch bucket gives the eager
+engine's tokens, pads without touching any real row's K/V, and runs only for decode steps.
+
+Compiling costs seconds per bucket on 2 cores, so one tiny random model's engine (buckets 2
+and 4, so that 1 and 3 rows are padded and 5 rows fall back to eager) serves most tests, and
+the graphs are compiled with frozen weights but without max-autotune, whose GEMM search
+would multiply the compile time (scripts/bench_decode_graph.py compiles with it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import llmengine
+import llmengine.decode_graph as decode_graph
+from llmengine.bench.decode_step import random_llama
+from llmengine.config import LlamaConfig
+from llmengine.decode_graph import buckets_for
+from llmengine.engine import Engine
+from llmengine.paged_cache import PagedRow
+
+TINY = LlamaConfig.from_dict(
+    {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+    },
+    source="TINY",
+)
+# A pool cramped enough for preemption (swap first, recompute when the host space is full),
+# with prefix caching on: everything the graph shares the cache tensors with.
+POOL = {
+    "num_blocks": 12,
+    "block_size": 4,
+    "num_slots": 5,
+    "preemption": "swap",
+    "swap_blocks": 4,
+    "enable_prefix_caching": True,
+}
+
+
+def quick_graphs() -> pytest.MonkeyPatch:
+    """Compile without GEMM autotuning, and keep every bucket's graph even where eager was
+    measured faster: these tests count graph uses and compare tokens, not speed."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(decode_graph, "CPU_OPTIONS", {"freezing": True})
+    patch.setattr(decode_graph, "KEEP_SLOWER_GRAPHS", True)
+    return patch
+
+
+@pytest.fixture(scope="module")
+def tiny() -> llmengine.Llama:
+    return random_llama(TINY, seed=3, std=0.2)
+
+
+@pytest.fixture(scope="module")
+def graph_engine(tiny):
+    patch = quick_graphs()
+    try:
+        return Engine(tiny, decode_graph=(2, 4), **POOL)
+    finally:
+        patch.undo()
+
+
+def workload(seed: int, count: int) -> tuple[list[list[int]], list[llmengine.SamplingParams]]:
+    """Prompts of different lengths and budgets, so the batch shrinks across buckets; one
+    seeded request samples, the rest are greedy."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [
+        torch.randint(0, TINY.vocab_size, (int(length),), generator=generator).tolist()
+        for length in torch.randint(1, 9, (count,), generator=generator)
+    ]
+    params = [
+        llmengine.SamplingParams(max_tokens=4 + 3 * index, ignore_eos=True)
+        for index in range(count)
+    ]
+    params[1] = llmengine.SamplingParams(max_tokens=9, temperature=0.8, seed=7, ignore_eos=True)
+    return prompts, params
+
+
+def run(engine: Engine, prompts, params) -> tuple[list[list[int]], list[int], int]:
+    """Outputs, whether each step used the graph (1) or not (0), and the preemptions."""
+    ids = engine.add_requests(prompts, params)
+    used, preempted = [], 0
+    while engine.has_unfinished():
+        before = engine.graph_steps
+        outcome = engine.step()
+        engine.check_integrity()
+        used.append(engine.graph_steps - before)
+        preempted += len(outcome.evicted)
+        # The graph ran exactly when every row was a decode and some bucket held them.
+        decode_only = outcome.prefill_rows == 0 and outcome.rows <= 4
+        assert used[-1] == (decode_only and engine.decode_graphs is not None)
+    return [engine.release(i).output_token_ids for i in ids], used, preempted
+
+
+def test_graph_engine_generates_the_eager_tokens(tiny, graph_engine):
+    prompts, params = workload(seed=0, count=5)
+    eager, _, _ = run(Engine(tiny, **POOL), prompts, params)
+    graph, used, preempted = run(graph_engine, prompts, params)
+    assert graph == eager
+    assert sum(used) > 0 and 0 in used  # graph steps and eager (prefill, 5-row) steps
+    assert preempted > 0  # the cramped pool preempted someone
+
+
+def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
+    graphs = counters["stats"]["unique_graphs"]
+    prompts, params = workload(seed=1, count=2)
+    _, used, _ = run(graph_engine, prompts, params)
+    assert used[0] == 0 and sum(used) > 0  # the first step prefills
+    # Every step reads a different number of keys: symbolic, so no new graph.
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_padding_rows_never_touch_real_rows(graph_engine):
+    engine = graph_engine
+    cache, graphs = engine.cache, engine.decode_graphs
+    for tensor in cache.keys + cache.values:
+        tensor.normal_(generator=torch.Generator().manual_seed(0))
+    before = [tensor.clone() for tensor in cache.keys + cache.values]
+    row = PagedRow([5], 6, [3, 7])  # position 6: block 7, offset 2
+    with torch.inference_mode():
+        logits = graphs([row], bucket=4)  # three padding rows
+    assert logits.shape == (1, TINY.vocab_size)
+    scratch = engine.num_blocks  # the block beyond the pool
+    for old, new in zip(before, cache.keys + cache.values, strict=True):
+        changed = (old != new).flatten(2).any(-1).nonzero().tolist()
+        assert [tuple(c) for c in changed if c[0] != scratch] == [(7, 2)]
+
+
+def test_decode_inputs_pad_into_the_scratch_slot():
+    rows = [PagedRow([9], 5, [2, 4]), PagedRow([8], 1, [6])]
+    tokens, positions, write, read, mask = decode_graph.decode_inputs(
+        rows, 4, 4, scratch_slot=40, device=torch.device("cpu")
+    )
+    assert tokens.tolist() == [9, 8, 0, 0]
+    assert positions.tolist() == [5, 1, 0, 0]
+    assert write.tolist() == [17, 25, 40, 40]
+    assert read[0].tolist() == [8, 9, 10, 11, 16, 17]
+    assert mask.tolist()[1] == [True, True, False, False, False, False]
+    assert (read[2:] == 40).all() and mask[2:].sum().item() == 2
+
+
+def test_buckets_cover_the_slots():
+    assert buckets_for(1) == [1]
+    assert buckets_for(8) == [1, 2, 4, 8]
+    assert buckets_for(5) == [1, 2, 4, 8]
+    assert buckets_for(40) == [1, 2, 4, 8, 16, 32, 40]
+
+
+def test_embedded_model_graph_gives_the_eager_tokens(model):
+    prompts = [[1, 5, 9, 13, 2, 7][: 2 + index] for index in range(3)]
+    params = llmengine.SamplingParams(max_tokens=10, ignore_eos=True)
+    eager = Engine(model, num_blocks=16, num_slots=2).generate(prompts, params)
+    patch = quick_graphs()
+    try:
+        engine = Engine(model, num_blocks=16, num_slots=2, decode_graph=(2,))
+    finally:
+        patch.undo()
+    assert engine.graph_compile_seconds > 0
+    assert engine.generate(prompts, params) == eager
+    assert engine.graph_steps > 0
+
+
+def test_round_keys_reads_masked_scratch():
+    rows = [PagedRow([9], 5, [2, 4])]  # six keys, rounded up to eight
+    _, _, _, read, mask = decode_graph.decode_inputs(
+        rows, 4, 1, scratch_slot=40, device=torch.device("cpu"), round_keys=True
+    )
+    assert read.tolist() == [[8, 9, 10, 11, 16, 17, 40, 40]]
+    assert mask.tolist() == [[True] * 6 + [False] * 2]
+
+
+def test_cli_takes_decode_graph_on_generate_serve_and_bench():
+    from llmengine.cli import build_parser
+
+    parser = build_parser()
+    bench = ["bench", "--requests", "2", "--prompt-len", "3", "--max-tokens", "2"]
+    for argv in (["generate", "--prompt", "x"], ["serve"], bench):
+        assert parser.parse_args([*argv, "--decode-graph"]).decode_graph is True
+        assert parser.parse_args(argv).decode_graph is False
