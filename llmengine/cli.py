@@ -328,8 +328,11 @@ def _run_bench_url(args: argparse.Namespace) -> int:
         "device",
         "dtype",
         "kernels",
+        "quantization",
     ]
     _check_bench_options(args, (), local_only)
+    if args.decode_graph:  # a flag, never None: the check above cannot see it
+        raise ValueError("--decode-graph not used with --url")
     if args.request_rate is not None and args.request_rates is not None:
         raise ValueError("give --request-rate or --request-rates, not both")
     timeout = args.timeout or DEFAULT_BENCH_TIMEOUT_S

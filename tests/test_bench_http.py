@@ -617,6 +617,10 @@ def test_the_api_key_is_sent_as_a_bearer_token(
         (["--url", "http://127.0.0.1:1/v1", "--pools", "8"], "--pools not used with --url"),
         (["--url", "http://127.0.0.1:1/v1", "--device", "cpu", "--dtype", "bfloat16"],
          "--device, --dtype not used with --url"),
+        (["--url", "http://127.0.0.1:1/v1", "--kernels", "eager", "--quantization", "int8"],
+         "--kernels, --quantization not used with --url"),
+        (["--url", "http://127.0.0.1:1/v1", "--decode-graph"],
+         "--decode-graph not used with --url"),
         (
             ["--url", "http://127.0.0.1:1/v1", "--request-rate", "2", "--request-rates", "2,4"],
             "--request-rate or --request-rates, not both",
