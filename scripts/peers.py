@@ -33,7 +33,8 @@ from llmengine.bench import throughput
 from llmengine.bench.peers import llamacpp, plan, results, rounds, vllm_peer
 from llmengine.bench.peers.results import Measurement
 from llmengine.bench.peers.rounds import LLAMA, LLMENGINE, VLLM, Peers, Settings
-from llmengine.lessons.artifacts import markdown_table, write_report
+from llmengine.lessons.artifacts import markdown_table, save_figure, write_report
+from llmengine.lessons.peers_figure import plot_peers, throughput_table
 
 REPORT = "peers"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -142,13 +143,13 @@ def report(
         "row is measured through `llama-server` with a slot per request over HTTP on "
         "127.0.0.1 and carries that overhead. The vLLM worker stays loaded (idle) while the "
         "other engines run.\n\n"
-        + results.throughput_table(offline)
+        + throughput_table(offline)
         + "\n## Over HTTP, the embedded model\n\n"
         f"Each server alone on the machine with {plan.HTTP_SLOTS} sequences at once, started "
         "and stopped by the script; mixed requests streamed by `llmengine bench --url`'s "
         "client, all at once and as Poisson arrivals. tok/s is output tokens over the run; "
         "TTFT and TPOT are medians in ms.\n\n"
-        + results.throughput_table(http, [("TTFT p50 ms", "ttft_p50"), ("TPOT p50 ms", "tpot_p50")])
+        + throughput_table(http, [("TTFT p50 ms", "ttft_p50"), ("TPOT p50 ms", "tpot_p50")])
         + "\n## Same greedy tokens?\n\n"
         f"The first {plan.GREEDY_PROMPTS} prompts of the mixed burst, {plan.GREEDY_TOKENS} greedy "
         "tokens each, every peer's token ids against llmengine's. Random weights make near "
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {write_report(REPORT, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
     title = f"{cpu}, {args.threads} threads, float32 (median of {settings.rounds} round(s))"
-    print(f"wrote {results.plot(rows, title, REPORT)}")
+    print(f"wrote {save_figure(plot_peers(rows, title), REPORT, wallclock=True)}")
     return 0
 
 

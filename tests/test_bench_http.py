@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmengine.bench.http_client import RequestRecord, run_over_http, served_model
+from llmengine.bench.http_client import RequestRecord, free_port, run_over_http, served_model
 from llmengine.bench.serving_report import (
     format_run_csv,
     format_run_table,
@@ -36,7 +36,6 @@ from llmengine.bench.serving_report import (
 from llmengine.bench.timing import percentile
 from llmengine.bench.workloads import RequestSpec, poisson_arrivals, uniform_burst
 from llmengine.cli import main
-from llmengine.lessons.live_server import free_port
 from llmengine.sampling import SamplingParams
 from llmengine.server import serve_in_thread
 

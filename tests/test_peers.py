@@ -11,6 +11,7 @@ import pytest
 
 from llmengine.bench.peers import llamacpp, plan, results, vllm_peer
 from llmengine.bench.peers.results import Measurement
+from llmengine.lessons.peers_figure import plot_peers, read_report, throughput_table
 
 JSONL = "\n".join(
     [
@@ -106,7 +107,7 @@ def test_the_table_names_model_workload_engine_speed_ratio_and_load() -> None:
         Measurement("embedded", "decode x1", "llmengine", 100.0, 2.25),
         Measurement("embedded", "decode x1", "vLLM", None, 2.0, "no wheel"),
     )
-    lines = results.throughput_table(rows).strip().splitlines()
+    lines = throughput_table(rows).strip().splitlines()
     assert [c.strip() for c in lines[0].strip("|").split("|")] == [
         "model",
         "workload",
@@ -154,3 +155,25 @@ def test_server_commands_pin_threads_slots_and_a_local_address(tmp_path: Path) -
 def test_the_cache_folder_can_be_moved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LLMENGINE_PEERS_CACHE", str(tmp_path))
     assert plan.cache_dir() == tmp_path
+
+
+def test_the_report_is_read_back_into_its_rows_and_its_machine(tmp_path: Path) -> None:
+    rows = rows_of(
+        Measurement("embedded", "decode x1", "llama.cpp", 400.0, 2.5),
+        Measurement("embedded", "decode x1", "llmengine", 100.0, 2.25),
+        Measurement("25M", "decode x8", "vLLM", None, 2.0, "no wheel"),
+    )
+    header = "| | |\n| --- | --- |\n| processor (lscpu) | AMD EPYC 9B14 |\n"
+    report = tmp_path / "peers.md"
+    report.write_text(f"# Peers\n\n{header}\n## Offline\n\n{throughput_table(rows)}\n")
+    machine, read = read_report(report)
+    assert machine == "AMD EPYC 9B14"
+    assert [(r.model, r.workload, r.engine, r.tokens_per_s) for r in read] == [
+        ("embedded", "decode x1", "llama.cpp", 400.0),
+        ("embedded", "decode x1", "llmengine", 100.0),
+        ("25M", "decode x8", "vLLM", None),
+    ]
+    fig = plot_peers(read, machine)
+    bars = [patch.get_height() for patch in fig.axes[0].patches]
+    assert sorted(bars) == [0.0, 0.0, 0.0, 0.0, 100.0, 400.0]  # 2 groups x 3 engines
+    assert fig.axes[0].get_title() == "AMD EPYC 9B14"

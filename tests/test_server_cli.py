@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmengine.bench.http_client import free_port
 from llmengine.cli import build_parser
-from llmengine.lessons.live_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-cli-91d2e7a35c"

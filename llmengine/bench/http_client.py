@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,14 @@ from tqdm import tqdm
 from llmengine.bench.workloads import RequestSpec
 
 DEFAULT_TIMEOUT_S = 300.0
+HOST = "127.0.0.1"  # where the project's own servers listen in tests, lessons and benchmarks
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody was listening on a moment ago."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
 
 
 @dataclass(slots=True)

@@ -8,7 +8,6 @@ SIGTERM, the clean shutdown `llmengine serve` promises, and is killed if it does
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,10 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-HOST = "127.0.0.1"
+from llmengine.bench.http_client import HOST, free_port
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody was listening on a moment ago."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ from typing import Any
 
 from llmengine.bench.decode_step import HELD_OUT_SHAPE, SHAPE_100M
 from llmengine.bench.workloads import RequestSpec, mixed_workload, poisson_arrivals, uniform_burst
-from llmengine.lessons.artifacts import repository_root
 
+# The checkout this package is installed from (editable): llmengine/bench/peers/plan.py.
+REPOSITORY = Path(__file__).resolve().parents[3]
 EMBEDDED = "embedded"
 RANDOM_25M = "25M"
 RANDOM_100M = "100M"
@@ -32,7 +33,7 @@ GREEDY_PROMPTS, GREEDY_TOKENS = 4, 16
 
 def cache_dir() -> Path:
     """Where builds, venvs and converted weights live between runs (`.cache/` is ignored)."""
-    return Path(os.environ.get("LLMENGINE_PEERS_CACHE", repository_root() / ".cache" / "peers"))
+    return Path(os.environ.get("LLMENGINE_PEERS_CACHE", REPOSITORY / ".cache" / "peers"))
 
 
 def decode_workload(batch: int, tokens: int, vocab_size: int) -> list[RequestSpec]:

@@ -1,4 +1,4 @@
-"""Rows of `make peers`: one measurement per engine and round, medians, ratios, tables, figure.
+"""Rows of `make peers`: one measurement per engine and round, medians, ratios, table cells.
 
 Every measurement keeps the machine's 1-minute load average from when it started, because
 the machine is shared: a row with a high load is a row to distrust, and the report shows it.
@@ -11,9 +11,6 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from llmengine.lessons.artifacts import markdown_table, save_figure, use_lesson_style
 
 BASELINE = "llama.cpp"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16")
@@ -104,11 +101,11 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
-def throughput_table(rows: Sequence[Row], extra_columns: Sequence[tuple[str, str]] = ()) -> str:
-    """Markdown: model, workload, engine, tok/s, ratio to llama.cpp, extras, load per round.
-
-    `extra_columns` are (header, key of `Row.extra`) pairs, printed with one decimal.
-    """
+def throughput_cells(
+    rows: Sequence[Row], extra_columns: Sequence[tuple[str, str]] = ()
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells: model, workload, engine, tok/s, ratio to llama.cpp, extras, load per
+    round. `extra_columns` are (header, key of `Row.extra`) pairs, printed with one decimal."""
     table = []
     for row in rows:
         extras = [f"{row.extra[key]:.1f}" if key in row.extra else "" for _, key in extra_columns]
@@ -118,7 +115,7 @@ def throughput_table(rows: Sequence[Row], extra_columns: Sequence[tuple[str, str
         )
     headers = ["model", "workload", "engine", "tok/s", f"x {BASELINE}"]
     headers += [header for header, _ in extra_columns] + ["load (1 min, per round)"]
-    return markdown_table(table, headers)
+    return headers, table
 
 
 def parse_lscpu(text: str) -> tuple[str, list[str]]:
@@ -144,25 +141,3 @@ def agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]]
         if position is not None:
             return f"differ: prompt {index} from token {position}"
     return f"agree ({len(reference)}/{len(reference)})"
-
-
-def plot(rows: Sequence[Row], title: str, name: str = "peers") -> Path:
-    """Grouped bars of tok/s (log scale), one group per model and workload, one bar per engine."""
-    import matplotlib.pyplot as plt
-
-    use_lesson_style()
-    keys = list(dict.fromkeys(row.key for row in rows))
-    engines = list(dict.fromkeys(row.engine for row in rows))
-    by = {(row.key, row.engine): row.tokens_per_s for row in rows}
-    fig, ax = plt.subplots(figsize=(min(16.0, max(6.4, 0.3 * len(keys) * len(engines))), 4.4))
-    width = 0.8 / max(len(engines), 1)
-    for e, engine in enumerate(engines):
-        xs = [k + (e - (len(engines) - 1) / 2) * width for k in range(len(keys))]
-        ys = [by.get((key, engine)) or 0.0 for key in keys]
-        ax.bar(xs, ys, width, label=engine)
-    ax.set_xticks(range(len(keys)), [f"{m}\n{w}" for m, w in keys], rotation=60, ha="right")
-    ax.set_yscale("log")
-    ax.set_ylabel("generated tokens / s")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    return save_figure(fig, name, wallclock=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from llmengine.lessons.live_server import HOST, free_port
+from llmengine.bench.http_client import HOST, free_port
 
 STOP_TIMEOUT_S = 20.0
 
