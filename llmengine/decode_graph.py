@@ -57,6 +57,9 @@ class DecodeForward(nn.Module):
 
     def __init__(self, model: Llama) -> None:
         super().__init__()
+        if any(group.int8 is not None for group in model.linear_groups()):
+            # The graph multiplies by the float weights it folds in, not by int8 copies.
+            raise ValueError("the decode graph does not take an int8-quantised model")
         self.model = model
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterDict()

@@ -91,3 +91,8 @@ def test_generate_takes_quantization_and_kernels(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--prompt", "ROMEO:", "--kernels", "fastest"])
     assert exit_info.value.code == 2
+
+
+def test_the_decode_graph_refuses_an_int8_model(int8_model):
+    with pytest.raises(ValueError, match="int8"):
+        llmengine.Engine(int8_model, num_blocks=8, num_slots=2, decode_graph=[1])
