@@ -141,8 +141,8 @@ def report(
         f"`mixed burst`: {settings.mixed_requests} requests at once, prompts of 8-64 token ids, "
         "budgets of 8-128; llama.cpp has no offline runner with a budget per request, so its "
         "row is measured through `llama-server` with a slot per request over HTTP on "
-        "127.0.0.1 and carries that overhead. The vLLM worker stays loaded (idle) while the "
-        "other engines run.\n\n"
+        "127.0.0.1 and carries that overhead. Each round starts a vLLM worker for vLLM's "
+        "rows and stops it before the other engines run, so no engine shares the machine.\n\n"
         + throughput_table(offline)
         + "\n## Over HTTP, the embedded model\n\n"
         f"Each server alone on the machine with {plan.HTTP_SLOTS} sequences at once, started "

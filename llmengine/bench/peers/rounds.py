@@ -87,35 +87,55 @@ def offline(
     named[MIXED] = mixed
     probe = _greedy_workload(mixed)
     out: list[Measurement] = []
-
-    worker = None
-    if peers.vllm is not None:
-        try:
-            log = settings.cache / "logs" / f"vllm-offline-{label}.log"
-            slots = max(len(workload) for workload in named.values())
-            worker = OfflineWorker(peers.vllm, checkpoint, slots, settings.threads, log)
-            worker.generate([w.prompt_token_ids for w in probe], [1] * len(probe), CALL_TIMEOUT_S)
-            greedy[VLLM] = _vllm_outputs(worker, probe)
-        except RuntimeError as error:
-            peers.errors[f"{VLLM} {label}"] = _reason(error)
-            worker = None
     greedy[LLMENGINE] = throughput.run_llmengine(model, probe).outputs
-
-    try:
-        for round_ in range(settings.rounds):
-            print(f"  {label}: round {round_ + 1}/{settings.rounds}", flush=True)
-            out += _llama_decode(label, gguf, peers, settings)
+    slots = max(len(workload) for workload in named.values())
+    for round_ in range(settings.rounds):
+        print(f"  {label}: round {round_ + 1}/{settings.rounds}", flush=True)
+        # vLLM's worker lives only for its own turn: with it loaded beside them, llmengine's
+        # rows of a full run came out 2-4x slower than llmengine alone, so each engine runs
+        # with no other engine's process on the machine.
+        worker = _vllm_worker(label, checkpoint, slots, probe, peers, settings)
+        try:
+            if worker is not None and VLLM not in greedy:
+                greedy[VLLM] = _vllm_outputs(worker, probe)
             for name, workload in named.items():
                 out.append(_vllm_offline(label, name, workload, worker, peers))
-            for name, workload in named.items():
-                load = current_load()
-                run = throughput.run_llmengine(model, workload)
-                out.append(Measurement(label, name, LLMENGINE, run.tokens_per_s, load))
-    finally:
-        if worker is not None:
-            worker.close()
+        finally:
+            if worker is not None:
+                worker.close()
+        out += _llama_decode(label, gguf, peers, settings)
+        for name, workload in named.items():
+            load = current_load()
+            run = throughput.run_llmengine(model, workload)
+            out.append(Measurement(label, name, LLMENGINE, run.tokens_per_s, load))
     out += _llama_mixed(label, gguf, peers, settings, mixed, probe, greedy)
     return out
+
+
+def _vllm_worker(
+    label: str,
+    checkpoint: Path,
+    slots: int,
+    warmup: Sequence[RequestSpec],
+    peers: Peers,
+    settings: Settings,
+) -> OfflineWorker | None:
+    """A started vLLM worker for `checkpoint` that has served `warmup` (one token each,
+    untimed), or None, the reason kept in `peers.errors`."""
+    if peers.vllm is None or f"{VLLM} {label}" in peers.errors:
+        return None
+    log = settings.cache / "logs" / f"vllm-offline-{label}.log"
+    worker = None
+    try:
+        worker = OfflineWorker(peers.vllm, checkpoint, slots, settings.threads, log)
+        prompts = [spec.prompt_token_ids for spec in warmup]
+        worker.generate(prompts, [1] * len(prompts), CALL_TIMEOUT_S)
+    except RuntimeError as error:
+        peers.errors[f"{VLLM} {label}"] = _reason(error)
+        if worker is not None:
+            worker.close()
+        return None
+    return worker
 
 
 def _vllm_outputs(worker: OfflineWorker, workload: Sequence[RequestSpec]) -> list[list[int]]:
