@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,22 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
+
+
+def wait_for_health(url: str, process: subprocess.Popen, timeout: float) -> None:
+    """Poll `{url}/health` every tenth of a second until it answers 200; RuntimeError when the
+    server's `process` exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"exited with status {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"no healthy answer from /health in {timeout:g} s")
 
 
 @dataclass(slots=True)

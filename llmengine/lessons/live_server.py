@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmengine.bench.http_client import HOST, free_port
+from llmengine.bench.http_client import HOST, free_port, wait_for_health
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -49,22 +48,6 @@ def read_metrics(url: str, *, timeout: float = 10.0) -> dict[str, float]:
     return samples
 
 
-def _wait_for_health(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    for _ in range(int(START_TIMEOUT_S / 0.1) + 1):
-        if process.poll() is not None:
-            raise RuntimeError(f"it exited with status {process.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"no answer from /health in {START_TIMEOUT_S:g} s")
-
-
 @contextmanager
 def live_server(options: Sequence[str] = ()) -> Iterator[LiveServer]:
     """Run `llmengine serve --host 127.0.0.1 --port <free> *options` for the `with` block."""
@@ -76,7 +59,7 @@ def live_server(options: Sequence[str] = ()) -> Iterator[LiveServer]:
         server = LiveServer(f"http://{HOST}:{port}", command, [])
         try:
             try:
-                _wait_for_health(server.url, process)
+                wait_for_health(server.url, process, START_TIMEOUT_S)
             except RuntimeError as error:
                 log.seek(0)
                 raise RuntimeError(

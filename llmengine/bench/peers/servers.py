@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from llmengine.bench.http_client import HOST, free_port
+from llmengine.bench.http_client import HOST, free_port, wait_for_health
 
 STOP_TIMEOUT_S = 20.0
 
@@ -30,18 +27,11 @@ def _tail(path: Path, lines: int = 2) -> str:
 
 
 def wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, log: Path) -> None:
-    """Poll `{url}/health` every half second until it answers 200; RuntimeError otherwise."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"exited with status {process.returncode}: {_tail(log)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"no healthy answer in {timeout:g} s: {_tail(log)}")
+    """`http_client.wait_until_healthy`, with the end of the server's log in its error."""
+    try:
+        wait_for_health(url, process, timeout)
+    except RuntimeError as error:
+        raise RuntimeError(f"{error}: {_tail(log)}") from None
 
 
 def stop(process: subprocess.Popen) -> None:
