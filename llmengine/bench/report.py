@@ -51,7 +51,8 @@ def sweep_summary(results: Sequence[PoolResult]) -> list[dict[str, Any]]:
     return [pool_summary(result, same_text=same_text) for result in results]
 
 
-def _ratio(value: float | None) -> str:
+def ratio_text(value: float | None) -> str:
+    """A ratio as `1.23x`, or `n/a` where there is none."""
     return "n/a" if value is None else f"{value:.2f}x"
 
 
@@ -70,7 +71,7 @@ TABLE_COLUMNS: list[tuple[str, str, Any]] = [
     ("recomputed", "recomputed_tokens", str),
     ("recompute", "recompute_fraction", lambda v: f"{v:.1%}"),
     ("tok/evict", "tokens_per_eviction", lambda v: _number(v, 1)),
-    ("victim lat", "preemption_latency_penalty", _ratio),
+    ("victim lat", "preemption_latency_penalty", ratio_text),
     ("mean lat", "mean_latency_iterations", lambda v: f"{v:.1f}"),
     ("max lat", "latencies_iterations", lambda v: str(max(v))),
 ]

@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from llmengine.bench.report import ratio_text
+
 BASELINE = "llama.cpp"
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16")
 
@@ -97,10 +99,6 @@ def _speed(row: Row, most: int = 160) -> str:
     return "failed: " + (reason if len(reason) <= most else reason[: most - 3] + "...")
 
 
-def _ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
-
-
 def throughput_cells(
     rows: Sequence[Row], extra_columns: Sequence[tuple[str, str]] = ()
 ) -> tuple[list[str], list[list[str]]]:
@@ -109,7 +107,7 @@ def throughput_cells(
     table = []
     for row in rows:
         extras = [f"{row.extra[key]:.1f}" if key in row.extra else "" for _, key in extra_columns]
-        ratio = _ratio(ratio_to_baseline(row, rows))
+        ratio = ratio_text(ratio_to_baseline(row, rows))
         table.append(
             [row.model, row.workload, row.engine, _speed(row), ratio, *extras, _loads(row)]
         )
