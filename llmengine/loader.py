@@ -17,8 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from llmengine.config import DTYPES, LlamaConfig
 from llmengine.model import Llama
-from llmengine.projections import PREPARATIONS
-from llmengine.quantization import QUANTIZATIONS
+from llmengine.projections import check_preparation
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -58,11 +57,8 @@ def load_model(
     ("cpu", "cuda", "cuda:1", ...); one this machine does not have raises ValueError before
     anything is read.
     """
-    if kernels not in PREPARATIONS:
-        raise ValueError(f"kernels must be one of {PREPARATIONS}, not {kernels!r}")
+    check_preparation(kernels, quantization)
     target_device = resolve_device(device)
-    if quantization not in (None, *QUANTIZATIONS):
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {quantization!r}")
     if quantization is not None and target_device.type != "cpu":
         raise ValueError(f"{quantization} quantization runs on the CPU only, not {device}")
     folder = model_folder(path)

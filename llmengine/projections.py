@@ -34,6 +34,15 @@ from llmengine.quantization import QUANTIZATIONS, Int8Weight
 PREPARATIONS = ("measured", "packed", "eager")
 
 
+def check_preparation(preparation: str, quantization: str | None) -> None:
+    """ValueError unless `preparation` is one of `PREPARATIONS` and `quantization` None or one
+    of `QUANTIZATIONS` (`load_model` checks before it reads a weight)."""
+    if preparation not in PREPARATIONS:
+        raise ValueError(f"kernels must be one of {PREPARATIONS}, not {preparation!r}")
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, not {quantization!r}")
+
+
 class HasWeight(Protocol):
     weight: torch.Tensor
 
@@ -95,10 +104,7 @@ class LinearGroup:
         instead (`llmengine.quantization`), whatever the preparation. Both are remembered: a
         group moved to another device or dtype is prepared again the same way (`refresh`).
         """
-        if preparation not in PREPARATIONS:
-            raise ValueError(f"kernels must be one of {PREPARATIONS}, not {preparation!r}")
-        if quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None")
+        check_preparation(preparation, quantization)
         self.preparation, self.quantization = preparation, quantization
         if not self.is_fused:
             self.fuse()
