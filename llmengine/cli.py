@@ -249,7 +249,13 @@ def _check_bench_options(
     if missing:
         flags = ", ".join("--" + name.replace("_", "-") for name in missing)
         raise ValueError(f"{flags} required {mode}")
-    given = [name for name in refused if getattr(args, name) is not None]
+    # An option left out is None, a flag (`store_true`) left out is False: compared by
+    # identity, so that a number given as 0 still counts as given.
+    given = [
+        name
+        for name in refused
+        if (value := getattr(args, name)) is not None and value is not False
+    ]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} not used {mode}")
@@ -329,10 +335,9 @@ def _run_bench_url(args: argparse.Namespace) -> int:
         "dtype",
         "kernels",
         "quantization",
+        "decode_graph",
     ]
     _check_bench_options(args, (), local_only)
-    if args.decode_graph:  # a flag, never None: the check above cannot see it
-        raise ValueError("--decode-graph not used with --url")
     if args.request_rate is not None and args.request_rates is not None:
         raise ValueError("give --request-rate or --request-rates, not both")
     timeout = args.timeout or DEFAULT_BENCH_TIMEOUT_S
