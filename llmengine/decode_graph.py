@@ -8,9 +8,16 @@ with the weights frozen into the graph, the products become inductor's own GEMM 
 
 The batch is padded up to a bucket (1, 2, 4, 8, ...), so one graph serves several batch
 sizes; padding rows write their K/V into a scratch slot that no request reads (the engine
-gives the cache one block beyond the pool) and their logits are dropped. The number of keys
-`K` is symbolic (one graph per bucket, whatever the context length). The K/V cache tensors
-are inputs, mutated in place, never frozen: the same tensors the eager forward and swaps use.
+gives the cache one block beyond the pool) and their logits are dropped. The K/V cache
+tensors are inputs, mutated in place, never frozen: the same tensors the eager forward and
+swaps use.
+
+Attention reads K/V where it lives: the whole pool is one long key sequence to
+`flex_attention`, and a block mask built from each row's block table names the blocks that
+row may read (its full blocks, then its partly filled last one), so the kernel visits those
+blocks in place instead of copying every key into a `[rows, keys]` tensor first, as the eager
+forward does (measured in reports/wallclock/paged-attention.md). Every input's shape depends
+on the bucket alone, whatever the context length: one graph per bucket.
 """
 
 from __future__ import annotations
@@ -21,15 +28,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from llmengine.model import Llama, grouped_query_attention
-from llmengine.paged_cache import (
-    PagedKVCache,
-    PagedRow,
-    block_table_tensor,
-    flat_indices,
-    paged_forward,
-)
+from llmengine.model import Llama
+from llmengine.paged_cache import PagedKVCache, PagedRow, block_table_tensor, paged_forward
 from llmengine.rope import apply_rotary
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -80,22 +82,20 @@ class DecodeForward(nn.Module):
         token_ids: torch.Tensor,
         positions: torch.Tensor,
         write_indices: torch.Tensor,
-        read_indices: torch.Tensor,
-        key_mask: torch.Tensor,
+        mask_tensors: tuple[torch.Tensor, ...],
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
     ) -> torch.Tensor:
         """Logits `[B, vocab]` for one new token per row; writes each row's K/V at its index.
 
         `keys`/`values` are the cache's per-layer tensors flattened to `[slots, kv_heads,
-        head_dim]`; `read_indices` `[B, K]` are the slots of each row's keys, `key_mask`
-        `[B, K]` is True where the row may see the key.
+        head_dim]`; `mask_tensors` (`block_mask_tensors`) say which blocks each row reads.
         """
         model, config = self.model, self.model.config
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         x = model.embed_tokens(token_ids)[:, None]
         cos, sin = model.rotary(positions[:, None])
-        mask = key_mask[:, None, None, :]
+        block_mask = paged_block_mask(mask_tensors, keys[0].shape[0])
         for index, layer in enumerate(model.layers):
             qkv = self._linear(1 + 4 * index, layer.input_layernorm(x))
             qkv = qkv.view(qkv.shape[0], 1, heads + 2 * kv_heads, config.head_dim)
@@ -104,53 +104,116 @@ class DecodeForward(nn.Module):
             v = qkv[:, :, heads + kv_heads :]
             keys[index].index_copy_(0, write_indices, k[:, 0])
             values[index].index_copy_(0, write_indices, v[:, 0])
-            cached_k, cached_v = keys[index][read_indices], values[index][read_indices]
-            attended = grouped_query_attention(q, cached_k, cached_v, mask=mask)
+            attended = paged_decode_attention(q, keys[index], values[index], block_mask)
             x = x + self._linear(2 + 4 * index, attended.flatten(2))
             gate, up = self._linear(3 + 4 * index, layer.post_attention_layernorm(x)).chunk(2, -1)
             x = x + self._linear(4 + 4 * index, F.silu(gate) * up)
         return self._linear(0, model.norm(x)[:, 0])
 
 
+def block_mask_tensors(
+    ends: torch.Tensor, block_tables: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, ...]:
+    """What `paged_block_mask` builds its mask from, for rows whose queries see positions
+    `0 .. ends[b] - 1` through `block_tables` `[B, width]` (the cache's block count).
+
+    Those positions lie in the first `ceil(ends / block_size)` blocks of a row's table: the
+    `ends // block_size` full ones are read whole (no mask evaluated), and a last, partly
+    filled block only up to its fill. Computed outside the graph: inductor's CPU flex
+    template found no kernel when these index tensors were computed inside it.
+    """
+    rows, width = block_tables.shape
+    full_blocks = (ends // block_size).to(torch.int32)
+    partial_blocks = (ends % block_size > 0).to(torch.int32)
+    last = block_tables.gather(1, full_blocks.clamp(max=width - 1)[:, None].long())
+    partial_tables = F.pad(last, (0, width - 1)).to(torch.int32)
+    # Each pool block's place in the row's table (-1: not the row's), for the mask function.
+    used = torch.arange(width, device=ends.device) < (full_blocks + partial_blocks)[:, None]
+    places = torch.arange(width, device=ends.device).expand(rows, -1)
+    table_places = torch.full((rows, width + 1), -1, dtype=torch.long, device=ends.device)
+    table_places.scatter_(1, torch.where(used, block_tables, width), places)
+    return (
+        partial_blocks,
+        partial_tables,
+        full_blocks,
+        block_tables.to(torch.int32),
+        ends,
+        table_places[:, :width],
+    )
+
+
+def paged_block_mask(tensors: Sequence[torch.Tensor], num_slots: int) -> BlockMask:
+    """The `flex_attention` block mask of `block_mask_tensors` over a pool of `num_slots`.
+
+    The block lists make the compiled kernel visit only a row's own blocks; the mask function
+    states the whole rule (the slot's block is the row's, and its position precedes the row's
+    end), so the mask is also right where flex_attention runs uncompiled, over every slot.
+    """
+    partial_blocks, partial_tables, full_blocks, block_tables, ends, table_places = tensors
+    block_size = num_slots // block_tables.shape[1]
+
+    def sees(b, h, q, slot):
+        place = table_places[b, slot // block_size]
+        return (place >= 0) & (place * block_size + slot % block_size < ends[b])
+
+    return BlockMask.from_kv_blocks(
+        partial_blocks[:, None, None],
+        partial_tables[:, None, None],
+        full_blocks[:, None, None],
+        block_tables[:, None, None],
+        BLOCK_SIZE=(1, block_size),
+        mask_mod=sees,
+        seq_lengths=(1, num_slots),
+        compute_q_blocks=False,
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: BlockMask
+) -> torch.Tensor:
+    """Attention `[B, 1, heads, head_dim]` of one query per row over the pool `[slots, kv_heads,
+    head_dim]`, read in place through `block_mask` (one batch view of the pool per row)."""
+    rows = q.shape[0]
+    pool_keys = keys.transpose(0, 1)[None].expand(rows, -1, -1, -1)
+    pool_values = values.transpose(0, 1)[None].expand(rows, -1, -1, -1)
+    out = flex_attention(
+        q.transpose(1, 2),
+        pool_keys,
+        pool_values,
+        block_mask=block_mask,
+        enable_gqa=q.shape[2] != keys.shape[1],
+    )
+    return out.transpose(1, 2)  # type: ignore[union-attr]
+
+
 def decode_inputs(
     rows: Sequence[PagedRow],
     block_size: int,
+    num_blocks: int,
     bucket: int,
-    scratch_slot: int,
+    scratch_block: int,
     device: torch.device,
-    round_keys: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """The graph's index inputs for decode `rows` padded to `bucket` rows.
+) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], ...]:
+    """The graph's inputs for decode `rows` padded to `bucket` rows, in a cache of
+    `num_blocks` blocks: token ids, positions, write slots and the block mask's tensors, whose
+    tables are `num_blocks` wide whatever the rows' lengths (padded with block 0, never read:
+    a row reads only its first blocks), so that every shape depends on the bucket alone.
 
-    Row i reads keys 0..K-1 (K the longest row's end) through its block table; the mask
-    hides a shorter row's tail. Padding rows write and read `scratch_slot` alone.
-    `round_keys` rounds K up to a power of two (the extra keys read the scratch slot,
-    masked), so that a CUDA graph, whose shapes are fixed, is recorded for few K.
+    Padding rows stand at position 0 of `scratch_block`: they write and read its first slot.
     """
-    ends = torch.tensor([row.start_position + 1 for row in rows], device=device)
-    num_keys = int(ends.max())
-    key_positions = torch.arange(num_keys, device=device).expand(len(rows), -1)
-    read = flat_indices(
-        block_table_tensor(list(rows), block_size, device), key_positions, block_size
-    )
-    mask = key_positions < ends[:, None]
-    write = read.gather(1, (ends - 1)[:, None])[:, 0]
     token_ids = torch.tensor([row.token_ids[0] for row in rows], device=device)
+    positions = torch.tensor([row.start_position for row in rows], device=device)
+    tables = block_table_tensor(list(rows), block_size, device)
+    write = tables.gather(1, (positions // block_size)[:, None])[:, 0] * block_size
+    write += positions % block_size
+    tables = F.pad(tables, (0, num_blocks - tables.shape[1]))
     pad = bucket - len(rows)
-    if round_keys and num_keys & (num_keys - 1):
-        extra = (1 << num_keys.bit_length()) - num_keys
-        read = F.pad(read, (0, extra), value=scratch_slot)
-        mask = F.pad(mask, (0, extra), value=False)
-        num_keys += extra
     if pad:
-        pad_mask = torch.zeros(pad, num_keys, dtype=torch.bool, device=device)
-        pad_mask[:, 0] = True  # one visible key: an all-masked row would be NaN
         token_ids = F.pad(token_ids, (0, pad))
-        ends = F.pad(ends, (0, pad), value=1)
-        write = F.pad(write, (0, pad), value=scratch_slot)
-        read = torch.cat([read, read.new_full((pad, num_keys), scratch_slot)])
-        mask = torch.cat([mask, pad_mask])
-    return token_ids, ends - 1, write, read, mask
+        positions = F.pad(positions, (0, pad))
+        write = F.pad(write, (0, pad), value=scratch_block * block_size)
+        tables = torch.cat([tables, tables.new_full((pad, num_blocks), scratch_block)])
+    return token_ids, positions, write, block_mask_tensors(positions + 1, tables, block_size)
 
 
 class DecodeGraphs:
@@ -180,7 +243,7 @@ class DecodeGraphs:
         keep_slower: bool = False,
     ) -> None:
         self.cache = cache
-        self.scratch_slot = scratch_block * cache.block_size
+        self.scratch_block = scratch_block
         self.keys = [k.flatten(0, 1) for k in cache.keys]
         self.values = [v.flatten(0, 1) for v in cache.values]
         cuda = cache.device.type == "cuda"
@@ -229,17 +292,10 @@ class DecodeGraphs:
     def __call__(self, rows: Sequence[PagedRow], bucket: int | None = None) -> torch.Tensor:
         """Logits `[len(rows), vocab]` of a decode step over `rows` (one new token each)."""
         bucket = len(rows) if bucket is None else bucket
+        cache = self.cache
         inputs = decode_inputs(
-            rows,
-            self.cache.block_size,
-            bucket,
-            self.scratch_slot,
-            self.cache.device,
-            round_keys=self.cache.device.type == "cuda",
+            rows, cache.block_size, cache.num_blocks, bucket, self.scratch_block, cache.device
         )
-        # K (keys per row) changes every step: symbolic, so one graph per bucket serves all.
-        torch._dynamo.mark_dynamic(inputs[3], 1)
-        torch._dynamo.mark_dynamic(inputs[4], 1)
         with self._inductor_patch, self._dynamo_patch:
             logits = self.compiled(*inputs, self.keys, self.values)
         return logits[: len(rows)]

@@ -47,9 +47,10 @@ NOTES = """## Notes
   inductor as arguments of extern `mm` calls, and the 25M model's one-row graph ran at eager's
   speed (17-18 ms against 17 ms, same machine, 1 thread). `DecodeGraphs` patches
   `torch._inductor.config.freezing` around its compiles and calls.
-- The number of keys K is symbolic (`mark_dynamic`): one compile per bucket serves every
-  context length. Rounding K up to length buckets instead would compile each (bucket, length)
-  pair, at 45-150 s each here under max-autotune, for no measured gain to set against it.
+- Attention reads the pool in place (`flex_attention` with a block mask as wide as the pool,
+  reports/wallclock/paged-attention.md), so no input's shape depends on the context length:
+  one compile per bucket serves every length. Graphs shaped by the number of keys would need
+  that number symbolic, or one compile per (bucket, length) pair, at 45-150 s each here.
 - One torch thread: under this shared machine's load (4-7 on 2 cores) two OpenMP threads made
   both eager and graph steps 3-10x slower and erratic (an eager one-row step of the embedded
   model took 46 ms, the graph 120 ms).

@@ -19,6 +19,7 @@ from llmengine.bench.decode_step import random_llama
 from llmengine.config import LlamaConfig
 from llmengine.decode_graph import buckets_for
 from llmengine.engine import Engine
+from llmengine.model import grouped_query_attention
 from llmengine.paged_cache import PagedRow
 
 TINY = LlamaConfig.from_dict(
@@ -115,7 +116,7 @@ def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
     prompts, params = workload(seed=1, count=2)
     _, used, _ = run(graph_engine, prompts, params)
     assert used[0] == 0 and sum(used) > 0  # the first step prefills
-    # Every step reads a different number of keys: symbolic, so no new graph.
+    # Every step reads a different number of keys; the inputs' shapes do not change.
     assert counters["stats"]["unique_graphs"] == graphs
 
 
@@ -136,16 +137,48 @@ def test_padding_rows_never_touch_real_rows(graph_engine):
 
 
 def test_decode_inputs_pad_into_the_scratch_slot():
-    rows = [PagedRow([9], 5, [2, 4]), PagedRow([8], 1, [6])]
-    tokens, positions, write, read, mask = decode_graph.decode_inputs(
-        rows, 4, 4, scratch_slot=40, device=torch.device("cpu")
+    rows = [PagedRow([9], 5, [2, 4]), PagedRow([8], 3, [6])]
+    tokens, positions, write, mask_tensors = decode_graph.decode_inputs(
+        rows, 4, num_blocks=11, bucket=4, scratch_block=10, device=torch.device("cpu")
     )
     assert tokens.tolist() == [9, 8, 0, 0]
-    assert positions.tolist() == [5, 1, 0, 0]
-    assert write.tolist() == [17, 25, 40, 40]
-    assert read[0].tolist() == [8, 9, 10, 11, 16, 17]
-    assert mask.tolist()[1] == [True, True, False, False, False, False]
-    assert (read[2:] == 40).all() and mask[2:].sum().item() == 2
+    assert positions.tolist() == [5, 3, 0, 0]
+    assert write.tolist() == [17, 27, 40, 40]
+    partial_blocks, partial_tables, full_blocks, tables, ends, places = mask_tensors
+    assert tables.shape == (4, 11)  # as wide as the cache, whatever the rows' lengths
+    assert tables[:, 0].tolist() == [2, 6, 10, 10] and tables[0, 1].item() == 4
+    # Row 0 sees positions 0-5: block 2 whole, two slots of block 4. Row 1 sees block 6 whole.
+    assert full_blocks.tolist() == [1, 1, 0, 0]
+    assert partial_blocks.tolist() == [1, 0, 1, 1]
+    assert partial_tables[:, 0].tolist()[::2] == [4, 10] and ends.tolist() == [6, 4, 1, 1]
+    assert places[0, [2, 4, 6]].tolist() == [0, 1, -1] and places[1, 6].item() == 0
+    assert (places[2:, 10] == 0).all() and (places >= 0).sum().item() == 5
+
+
+def test_paged_decode_attention_reads_the_gathered_keys():
+    """The in-place read through the block mask equals attention over keys copied out
+    position by position (what the eager forward does), for rows ending mid-block and on a
+    block boundary, sharing no block."""
+    generator = torch.Generator().manual_seed(0)
+    block_size, num_blocks, kv_heads, head_dim = 4, 9, 2, 16
+    keys = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=generator)
+    values = torch.randn(keys.shape, generator=generator)
+    tables = torch.tensor([[5, 1, 7, 0, 0, 0, 0, 0, 0], [2, 8, 0, 0, 0, 0, 0, 0, 0]])
+    ends = torch.tensor([10, 8])
+    q = torch.randn(2, 1, 4, head_dim, generator=generator)
+
+    def in_place(q, mask_tensors, keys, values):
+        block_mask = decode_graph.paged_block_mask(mask_tensors, keys.shape[0])
+        return decode_graph.paged_decode_attention(q, keys, values, block_mask)
+
+    tensors = decode_graph.block_mask_tensors(ends, tables, block_size)
+    out = torch.compile(in_place, fullgraph=True)(q, tensors, keys, values)
+    for row, end in enumerate(ends.tolist()):
+        slots = [
+            int(tables[row, p // block_size]) * block_size + p % block_size for p in range(end)
+        ]
+        expected = grouped_query_attention(q[row : row + 1], keys[None, slots], values[None, slots])
+        torch.testing.assert_close(out[row : row + 1], expected)
 
 
 def test_buckets_cover_the_slots():
@@ -167,15 +200,6 @@ def test_embedded_model_graph_gives_the_eager_tokens(model):
     assert engine.graph_compile_seconds > 0
     assert engine.generate(prompts, params) == eager
     assert engine.graph_steps > 0
-
-
-def test_round_keys_reads_masked_scratch():
-    rows = [PagedRow([9], 5, [2, 4])]  # six keys, rounded up to eight
-    _, _, _, read, mask = decode_graph.decode_inputs(
-        rows, 4, 1, scratch_slot=40, device=torch.device("cpu"), round_keys=True
-    )
-    assert read.tolist() == [[8, 9, 10, 11, 16, 17, 40, 40]]
-    assert mask.tolist() == [[True] * 6 + [False] * 2]
 
 
 def test_cli_takes_decode_graph_on_generate_serve_and_bench():

@@ -1,0 +1,153 @@
+"""Time one layer's decode attention three ways, for the attention shapes of the 25M and 100M
+models: eager (keys copied out of the pool position by position, then SDPA: what
+`paged_forward` does), the same compiled by inductor (what the decode graph did before it read
+in place), and `flex_attention` reading the pool in place through a block mask (what
+`llmengine.decode_graph` does now).
+
+Each row owns its own blocks, scattered over the pool, and reads a random length between half
+the context and the context. Times are the fastest of interleaved rounds: the machine is shared.
+
+Usage: PYTHONPATH=. .venv/bin/python scripts/bench_paged_attention.py [--rounds N]
+A wall-clock benchmark, not a test: its numbers belong to the machine that ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG
+from llmengine.config import LlamaConfig
+from llmengine.decode_graph import block_mask_tensors, paged_block_mask, paged_decode_attention
+from llmengine.model import grouped_query_attention
+from llmengine.paged_cache import flat_indices
+
+ROWS = (1, 8, 32)
+CONTEXTS = (128, 512, 2048)
+BLOCK_SIZE = 16
+THREADS = 1  # as the decode-graph benchmark: two threads on a shared 2-core machine wait
+REPORT = Path(__file__).resolve().parents[1] / "reports" / "wallclock" / "paged-attention.md"
+
+
+def gathered(q, read, mask, keys, values):
+    """The eager forward's way: copy each row's keys out, then attend over the copy."""
+    return grouped_query_attention(q, keys[read], values[read], mask=mask[:, None, None])
+
+
+def in_place(q, mask_tensors, keys, values):
+    return paged_decode_attention(q, keys, values, paged_block_mask(mask_tensors, keys.shape[0]))
+
+
+def best_ms(call: Callable[[], object], repeats: int = 10) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def case(config: LlamaConfig, rows: int, context: int, seed: int = 0) -> dict[str, object]:
+    """Inputs for `rows` decode rows of up to `context` keys in a pool that holds them all."""
+    generator = torch.Generator().manual_seed(seed)
+    per_row = -(-context // BLOCK_SIZE)
+    num_blocks = rows * per_row + 1
+    shape = (num_blocks * BLOCK_SIZE, config.num_key_value_heads, config.head_dim)
+    keys, values = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    ends = torch.randint(context // 2, context + 1, (rows,), generator=generator)
+    tables = torch.randperm(num_blocks, generator=generator)[: rows * per_row].view(rows, -1)
+    positions = torch.arange(int(ends.max())).expand(rows, -1)
+    q = torch.randn(rows, 1, config.num_attention_heads, config.head_dim, generator=generator)
+    padded = torch.nn.functional.pad(tables, (0, num_blocks - per_row))
+    return {
+        "q": q,
+        "keys": keys,
+        "values": values,
+        "read": flat_indices(tables, positions, BLOCK_SIZE),
+        "mask": positions < ends[:, None],
+        "mask_tensors": block_mask_tensors(ends, padded, BLOCK_SIZE),
+    }
+
+
+def measure(config: LlamaConfig, rounds: int) -> list[tuple[int, int, float, float, float]]:
+    compiled_gathered = torch.compile(gathered, dynamic=False)
+    compiled_in_place = torch.compile(in_place, dynamic=False)
+    results = []
+    for rows in ROWS:
+        for context in CONTEXTS:
+            c = case(config, rows, context)
+            eager_args = (c["q"], c["read"], c["mask"], c["keys"], c["values"])
+            flex_args = (c["q"], c["mask_tensors"], c["keys"], c["values"])
+            expected = gathered(*eager_args)
+            torch.testing.assert_close(compiled_in_place(*flex_args), expected)
+            best = [float("inf")] * 3
+            for _ in range(rounds):
+                calls = (
+                    (gathered, eager_args),
+                    (compiled_gathered, eager_args),
+                    (compiled_in_place, flex_args),
+                )
+                times = [best_ms(lambda f=f, a=a: f(*a)) for f, a in calls]
+                best = [min(b, t) for b, t in zip(best, times, strict=True)]
+            results.append((rows, context, *best))
+            print(rows, context, best, flush=True)
+    return results
+
+
+def cpu_model() -> str:
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    torch._dynamo.config.recompile_limit = 64  # one compile per pool size, each function
+    load_before = os.getloadavg()
+    tables = []
+    for name, config in (("25M", HELD_OUT_CONFIG), ("100M", SHAPE_100M_CONFIG)):
+        heads = f"{config.num_attention_heads} heads, {config.num_key_value_heads} KV heads"
+        tables += [
+            f"## {name} model ({heads}, head dim {config.head_dim})",
+            "",
+            "| rows | context | eager gather ms | compiled gather ms | in place (flex) ms "
+            "| in place / eager | in place / compiled gather |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        with torch.inference_mode():
+            for rows, context, eager, compiled, flex in measure(config, args.rounds):
+                tables.append(
+                    f"| {rows} | {context} | {eager:.3f} | {compiled:.3f} | {flex:.3f} "
+                    f"| {eager / flex:.2f}x | {compiled / flex:.2f}x |"
+                )
+        tables.append("")
+    load_after = os.getloadavg()
+    header = [
+        "# Decode attention: keys copied out of the pool, or read where they live",
+        "",
+        f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
+        f"{THREADS} torch thread; load average {load_before[0]:.2f} at start, "
+        f"{load_after[0]:.2f} at the end. One layer's attention for one decode query per row, "
+        f"float32, blocks of {BLOCK_SIZE}; each row reads between half the context and the "
+        f"context. Fastest of {args.rounds} interleaved rounds of 10 calls. The ratios are "
+        "speed-ups of reading in place (above 1: in place is faster). `scripts/"
+        "bench_paged_attention.py` wrote this file.",
+        "",
+    ]
+    REPORT.write_text("\n".join(header + tables))
+    print(REPORT.read_text())
+
+
+if __name__ == "__main__":
+    main()
