@@ -137,8 +137,14 @@ def report(
         f"`decode xB`: B sequences at once, {plan.PROMPT_LEN}-token prompts, "
         f"{settings.tokens} tokens each (B = {batches}): llama.cpp through `llama-batched-bench` "
         "(`pl * tg / t`), vLLM through one `LLM.generate` (token-id prompts, greedy, "
-        "`ignore_eos`), llmengine through its `Engine` in-process. "
-        f"`mixed burst`: {settings.mixed_requests} requests at once, prompts of 8-64 token ids, "
+        "`ignore_eos`), llmengine through its `Engine` in-process"
+        + (
+            " (one engine for every row, built with `decode_graph=True`, its graphs compiled "
+            "before anything was timed; `llmengine serve --decode-graph` over HTTP). "
+            if settings.decode_graph
+            else ". "
+        )
+        + f"`mixed burst`: {settings.mixed_requests} requests at once, prompts of 8-64 token ids, "
         "budgets of 8-128; llama.cpp has no offline runner with a budget per request, so its "
         "row is measured through `llama-server` with a slot per request over HTTP on "
         "127.0.0.1 and carries that overhead. Each round starts a vLLM worker for vLLM's "
@@ -172,6 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and requests")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
+    parser.add_argument(
+        "--decode-graph",
+        action="store_true",
+        help="llmengine with its decode step compiled per bucket (compiled before timing); "
+        "writes peers-decode-graph.md instead of peers.md",
+    )
     args = parser.parse_args(argv)
     names = [name for name in args.models.split(",") if name]
     if unknown := set(names) - set(plan.MODELS):
@@ -186,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens=plan.QUICK_DECODE_TOKENS if args.quick else plan.DECODE_TOKENS,
         mixed_requests=plan.QUICK_MIXED_REQUESTS if args.quick else plan.MIXED_REQUESTS,
         cache=cache,
+        decode_graph=args.decode_graph,
     )
     peers = prepare_peers(args, cache)
     folders = checkpoints(names, cache)
@@ -203,17 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     workloads = plan.http_workloads(requests, vocab, plan.POISSON_RATES)
     rates = {f"Poisson {rate:g}/s": rate for rate in plan.POISSON_RATES}
     gguf = gguf_of(peers, plan.EMBEDDED, embedded, cache)
-    table = rounds.http_servers(peers, embedded, gguf, args.threads, sys.executable)
+    table = rounds.http_servers(
+        peers, embedded, gguf, args.threads, sys.executable, args.decode_graph
+    )
     measurements += rounds.http_rounds(plan.EMBEDDED, table, workloads, rates, settings)
 
     rows = results.aggregate(measurements)
     text = report(
         header(args, peers, argv), rows, greedy_table(greedy), time.perf_counter() - start, settings
     )
-    print(f"wrote {write_report(REPORT, text, wallclock=True)}")
+    name = f"{REPORT}-decode-graph" if args.decode_graph else REPORT
+    print(f"wrote {write_report(name, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
     title = f"{cpu}, {args.threads} threads, float32 (median of {settings.rounds} round(s))"
-    print(f"wrote {save_figure(plot_peers(rows, title), REPORT, wallclock=True)}")
+    print(f"wrote {save_figure(plot_peers(rows, title), name, wallclock=True)}")
     return 0
 
 

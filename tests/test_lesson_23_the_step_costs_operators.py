@@ -32,6 +32,7 @@ from llmengine.lessons.step_cost import (
     decode_step_flops,
     decode_step_operators,
     fastest_decode_costs,
+    markdown_column,
     markdown_sections,
     matrix_products_of,
     mixed_step_seconds,
@@ -253,3 +254,12 @@ def test_the_throughput_report_has_the_sections_the_lesson_shows() -> None:
     )
     assert shown.startswith("## Useful tokens per second")
     assert "\n## Targets" in shown
+
+
+def test_markdown_column_reads_one_column_of_every_table() -> None:
+    first = "| x | y |\n|---:|---:|\n| 1 | 2 |\n| 3 | 4 |\n"
+    text = f"## A\n\n{first}\nprose\n\n| y | x |\n|--|--|\n| 5 | 6 |\n"
+    assert markdown_column(text, "x") == ["1", "3", "6"]
+    assert markdown_column(text, "y") == ["2", "4", "5"]
+    with pytest.raises(ValueError, match="'z'"):
+        markdown_column(text, "z")

@@ -97,6 +97,16 @@ def test_three_engines_generate_the_same_tokens_and_count_only_budgets(models, m
         )
 
 
+def test_an_engine_built_beforehand_serves_workload_after_workload(models, mixed) -> None:
+    model, _ = models
+    engine = llmengine.Engine(model, num_blocks=64, block_size=4, num_slots=len(mixed))
+    for workload in (mixed, mixed[:2]):
+        run = throughput.run_on_engine(engine, workload)
+        assert run.outputs == throughput.run_llmengine(model, workload, block_size=4).outputs
+        assert run.useful_tokens == sum(throughput.budgets_of(workload)) and run.seconds > 0
+    engine.check_integrity()
+
+
 def test_generate_passes_its_options_on_under_the_name_given(models, mixed) -> None:
     _, hf_model = models
     plain = throughput.run_generate(hf_model, mixed)

@@ -155,6 +155,12 @@ def run_llmengine(
     return _timed("llmengine compiled" if compile else "llmengine", workload, serve)
 
 
+def run_on_engine(engine: Engine, workload: Sequence[RequestSpec]) -> EngineRun:
+    """`workload` through an engine built beforehand (its construction is not timed)."""
+    params = [spec.params for spec in workload]
+    return _timed("llmengine", workload, lambda: engine.generate(prompts_of(workload), params))
+
+
 def left_padded(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts as one `[batch, longest]` rectangle padded on the left, and its attention mask."""
     width = max(len(prompt) for prompt in prompts)

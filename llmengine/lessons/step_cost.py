@@ -358,3 +358,26 @@ def markdown_sections(path: str | Path, headings: Sequence[str]) -> str:
         if not any(title.startswith(heading) for title, _ in sections):
             raise ValueError(f"{path} has no section headed {heading!r}")
     return "\n".join("\n".join(lines).strip() + "\n" for lines in chosen)
+
+
+def markdown_column(text: str, column: str) -> list[str]:
+    """The cells under `column` in every Markdown table of `text`, top to bottom.
+
+    Raises ValueError when no table of `text` has that column.
+    """
+    cells: list[str] = []
+    found = False
+    header: list[str] | None = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        row = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if header is None:
+            header = row
+            found = found or column in header
+        elif column in header and not set(line) <= set("|-: "):
+            cells.append(row[header.index(column)])
+    if not found:
+        raise ValueError(f"no table has a column {column!r}")
+    return cells

@@ -10,7 +10,7 @@ fails gives rows with its reason; the others go on.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +31,8 @@ from llmengine.bench.peers.results import Measurement, current_load, failed
 from llmengine.bench.peers.vllm_peer import OfflineWorker, Vllm, server_command, vllm_env
 from llmengine.bench.serving_report import run_summary
 from llmengine.bench.workloads import RequestSpec, with_budgets
+from llmengine.engine import Engine
+from llmengine.model import Llama
 
 LLAMA, VLLM, LLMENGINE = "llama.cpp", "vLLM", "llmengine"
 CALL_TIMEOUT_S = 900.0  # the most one offline call or one HTTP request may take
@@ -48,6 +50,7 @@ class Settings:
     tokens: int
     mixed_requests: int
     cache: Path
+    decode_graph: bool = False  # llmengine with `Engine(decode_graph=True)` / `--decode-graph`
 
 
 @dataclass(slots=True)
@@ -87,8 +90,9 @@ def offline(
     named[MIXED] = mixed
     probe = _greedy_workload(mixed)
     out: list[Measurement] = []
-    greedy[LLMENGINE] = throughput.run_llmengine(model, probe).outputs
     slots = max(len(workload) for workload in named.values())
+    run_llmengine = _llmengine_runner(model, named, slots, settings.decode_graph)
+    greedy[LLMENGINE] = run_llmengine(probe).outputs
     for round_ in range(settings.rounds):
         print(f"  {label}: round {round_ + 1}/{settings.rounds}", flush=True)
         # vLLM's worker lives only for its own turn: with it loaded beside them, llmengine's
@@ -106,10 +110,23 @@ def offline(
         out += _llama_decode(label, gguf, peers, settings)
         for name, workload in named.items():
             load = current_load()
-            run = throughput.run_llmengine(model, workload)
+            run = run_llmengine(workload)
             out.append(Measurement(label, name, LLMENGINE, run.tokens_per_s, load))
     out += _llama_mixed(label, gguf, peers, settings, mixed, probe, greedy)
     return out
+
+
+def _llmengine_runner(
+    model: Llama, named: dict[str, list[RequestSpec]], slots: int, decode_graph: bool
+) -> Callable[[Sequence[RequestSpec]], throughput.EngineRun]:
+    """How llmengine runs a workload: a fresh engine each time, or, with `decode_graph`, one
+    engine for them all, built (its graphs compiled, minutes) before anything is timed."""
+    if not decode_graph:
+        return lambda workload: throughput.run_llmengine(model, workload)
+    blocks = max(throughput.pool_blocks(workload, 16) for workload in named.values())
+    print(f"  compiling the decode graph for {slots} slots", flush=True)
+    engine = Engine(model, num_blocks=blocks, num_slots=slots, decode_graph=True)
+    return lambda workload: throughput.run_on_engine(engine, workload)
 
 
 def _vllm_worker(
@@ -251,7 +268,12 @@ def _over_http(
 
 
 def http_servers(
-    peers: Peers, checkpoint: Path, gguf: Path | None, threads: int, python: str
+    peers: Peers,
+    checkpoint: Path,
+    gguf: Path | None,
+    threads: int,
+    python: str,
+    decode_graph: bool = False,
 ) -> dict[str, tuple[list[str] | None, dict[str, str], str]]:
     """Each engine's server: command (None when the peer is missing), environment, and why."""
     table: dict[str, tuple[list[str] | None, dict[str, str], str]] = {}
@@ -277,6 +299,7 @@ def http_servers(
         "--num-blocks",
         "512",
     ]
+    command += ["--decode-graph"] if decode_graph else []
     table[LLMENGINE] = (command, thread_env(threads), "")
     return table
 
@@ -300,7 +323,9 @@ def http_rounds(
             log = settings.cache / "logs" / f"serve-{engine}-{label}.log"
             rows: list[Measurement] = []
             try:
-                with servers.running(command, env=env, log=log, start_timeout=600) as url:
+                # A first start with --decode-graph compiles every bucket: minutes.
+                start_timeout = 1800 if settings.decode_graph else 600
+                with servers.running(command, env=env, log=log, start_timeout=start_timeout) as url:
                     model = served_model(f"{url}/v1")
                     warmup = next(iter(workloads.values()))[:4]
                     run_over_http(f"{url}/v1", model, warmup, timeout=CALL_TIMEOUT_S)
