@@ -216,6 +216,9 @@ _rate = _number_type(float, "requests per second", lambda value: value > 0, "pos
 _positive_float = _number_type(
     float, "a number", lambda value: 0 < value < math.inf, "a positive number"
 )
+_non_negative_float = _number_type(
+    float, "a number", lambda value: 0 <= value < math.inf, "a number >= 0"
+)
 
 
 def _pool_sizes(text: str) -> list[int]:
@@ -508,15 +511,30 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine,
         tokenizer,
         served_model_name=args.served_model_name or folder.name,
-        api_key=args.api_key or os.environ.get("LLMENGINE_API_KEY") or None,
+        api_key=_api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY")),
         max_waiting=args.max_waiting,
         chat_template=chat_template_of(folder, tokenizer),
     )
-    return serve(app, host=args.host, port=args.port)
+    return serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
+
+
+def _api_key(given: str | None, from_environment: str | None) -> str | None:
+    """The key `serve` requires: the option's, else the environment's, else none. An empty
+    or blank key is refused, not read as "no key": that would open a server its operator
+    meant to close."""
+    for source, key in (("--api-key", given), ("LLMENGINE_API_KEY", from_environment)):
+        if key is not None:
+            if not key.strip():
+                raise ValueError(f"{source} is empty; leave it out to serve without a key")
+            return key
+    return None
 
 
 def add_serve(subparsers: Subparsers) -> None:
     """`llmengine serve`: an OpenAI-compatible HTTP server in front of one engine."""
+    from llmengine.server.app import MAX_WAITING
+    from llmengine.server.runner import SHUTDOWN_TIMEOUT
+
     parser = subparsers.add_parser(
         "serve",
         help="serve the OpenAI API over HTTP",
@@ -565,13 +583,22 @@ def add_serve(subparsers: Subparsers) -> None:
     )  # fmt: skip
     add_decode_graph_argument(parser)
     parser.add_argument(
-        "--max-waiting", type=_positive_int, default=256, metavar="W",
-        help="most requests queued for a slot, new ones included; more get HTTP 429 "
-        "(default 256)",
+        "--max-waiting", type=_positive_int, default=MAX_WAITING, metavar="W",
+        help="most requests left waiting for a slot (each of a request's n choices counts) "
+        "once the free ones are taken; beyond it HTTP 429 with Retry-After. Size it as the "
+        "most clients you expect at once minus --max-num-seqs; a waiting request holds only "
+        f"its prompt (default {MAX_WAITING})",
     )  # fmt: skip
     parser.add_argument(
         "--api-key", default=None, metavar="KEY",
-        help="require `Authorization: Bearer KEY` on /v1 (default: $LLMENGINE_API_KEY, or none)",
+        help="require `Authorization: Bearer KEY` on /v1. Prefer $LLMENGINE_API_KEY: a key "
+        "on the command line is visible to every user in the process list (default: "
+        "$LLMENGINE_API_KEY, or no key)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shutdown-timeout", type=_non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",
+        help="on SIGTERM or SIGINT, stop admitting (503) and give the requests in flight up "
+        f"to S seconds to finish before ending them with an error (default {SHUTDOWN_TIMEOUT:g})",
     )  # fmt: skip
     parser.set_defaults(handler=_run_serve)
 

@@ -290,12 +290,15 @@ class Engine:
             assert self.decode_graphs is not None
             logits = self.decode_graphs(rows, bucket)
             self.graph_steps += 1
-        tokens, logprobs = self._sample(decision.rows, logits)
+        tokens, logprobs, failed = self._sample(decision.rows, logits)
         finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
         for request in finished:
             del self._generators[request.request_id]
+        for request_id in failed:
+            self.abort(request_id)
         outcome = self._outcome(decision, tokens, finished)
         outcome.logprobs = logprobs
+        outcome.failed = failed
         self.iteration += 1
         return outcome
 
@@ -310,16 +313,27 @@ class Engine:
 
     def _sample(
         self, rows: list[ScheduledRow], logits: torch.Tensor
-    ) -> tuple[dict[int, int], dict[int, TokenLogprobs]]:
+    ) -> tuple[dict[int, int], dict[int, TokenLogprobs], dict[int, str]]:
         """One token per sampling row, each from its own request's parameters, history and
-        generator, and the log-probabilities of those whose request asked for them.
+        generator; the log-probabilities of those whose request asked for them; and the
+        requests whose logits were not finite, which get no token (a NaN or an infinity
+        would otherwise come out as some arbitrary token, and the text as garbage).
 
         A prefill chunk that stops short of its request's last token is skipped: its logits
         predict a token the request already has, and drawing for it would move the generator.
         """
-        indices = [index for index, row in enumerate(rows) if row.samples]
+        sampling = [index for index, row in enumerate(rows) if row.samples]
+        if not sampling:
+            return {}, {}, {}
+        finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()
+        failed = {
+            rows[index].request.request_id: "the model's logits were not finite"
+            for index, ok in zip(sampling, finite, strict=True)
+            if not ok
+        }
+        indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
         if not indices:
-            return {}, {}
+            return {}, {}, failed
         requests = [rows[index].request for index in indices]
         logits = logits[indices]
         sampled = sample_tokens(
@@ -334,7 +348,7 @@ class Engine:
             if request.params.logprobs is not None
         }
         tokens = {request.request_id: t for request, t in zip(requests, sampled, strict=True)}
-        return tokens, logprobs
+        return tokens, logprobs, failed
 
     def _outcome(
         self, decision: SchedulerOutput, tokens: dict[int, int], finished: list[Request]

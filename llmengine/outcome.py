@@ -62,12 +62,15 @@ class IterationOutcome:
     decided.
 
     `logprobs` has a `TokenLogprobs` for the token of every row whose request asked for them.
+    `failed` names the requests this step could not serve, with why (logits that were not
+    finite): each got no token and is aborted, while the other rows went on as usual.
     """
 
     iteration: int
     tokens: dict[int, int] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     swapped_out: list[int] = field(default_factory=list)
     swapped_in: list[int] = field(default_factory=list)

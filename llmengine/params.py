@@ -14,6 +14,12 @@ from typing import Literal
 FinishReason = Literal["length", "stop", "eos"]
 _MAX_SEED = 2**64 - 1
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for, as in OpenAI's API
+# Below this a temperature divides float32 logits past what their range and resolution
+# honour (1e-38 overflows them to inf, and sampling turns to noise); 0 is greedy.
+MIN_TEMPERATURE = 1e-3
+# A repetition penalty divides or multiplies float32 logits: outside this range it rounds
+# them to 0 or to inf.
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 
 
 def _is_int(value: object) -> bool:
@@ -29,7 +35,8 @@ class SamplingParams:
     """What one request asks of the sampler.
 
     - `max_tokens`: the most tokens to generate (at least 1).
-    - `temperature`: 0.0 is greedy (argmax); above 0 the logits are divided by it and sampled.
+    - `temperature`: 0.0 is greedy (argmax); from `MIN_TEMPERATURE` up the logits are divided
+      by it and sampled.
     - `top_k`: keep only the k most likely tokens; 0 keeps all.
     - `top_p`: keep the smallest set of most likely tokens whose probability reaches top_p.
     - `seed`: draw from a private generator seeded with this, for reproducible samples.
@@ -37,8 +44,9 @@ class SamplingParams:
     - `ignore_eos`: keep going past the model's end-of-sequence tokens.
     - `presence_penalty`, `frequency_penalty` (in [-2, 2]): subtracted from the logit of every
       token already generated, once, or once per occurrence (OpenAI's definitions).
-    - `repetition_penalty` (> 0, 1 is off): divides a positive logit, multiplies a negative
-      one, of every token in the prompt or the output (vLLM's and transformers' definition).
+    - `repetition_penalty` (in [0.01, 100], 1 is off): divides a positive logit, multiplies a
+      negative one, of every token in the prompt or the output (vLLM's and transformers'
+      definition).
     - `logprobs`: None, or k in [0, 20]: report the sampled token's log-probability and the k
       most likely alternatives at every position.
     """
@@ -60,8 +68,11 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE or self.temperature < 0:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                f"got {self.temperature}"
+            )
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 keeps all), got {self.top_k!r}")
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
@@ -76,9 +87,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
-        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+        low, high = REPETITION_PENALTY_RANGE
+        if not _is_number(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
             raise ValueError(
-                "repetition_penalty must be a number > 0 (1 is off), "
+                f"repetition_penalty must be a number in [{low:g}, {high:g}] (1 is off), "
                 f"got {self.repetition_penalty!r}"
             )
         if self.logprobs is not None and (

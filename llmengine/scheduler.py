@@ -560,8 +560,9 @@ class Scheduler:
     ) -> list[Request]:
         """Record each row's sampled token; release and return the requests it finished.
 
-        `tokens` needs an entry for every row that `samples`; a chunk that does not only
-        advances its request's table. Rows come in the order `schedule()` made them (the
+        A row that `samples` gets its token from `tokens`; a chunk that does not, or a row
+        without a token (its sampling failed: the engine aborts it next), only advances its
+        request's table. Rows come in the order `schedule()` made them (the
         decoding running requests oldest first, the swapped-in, the unfinished prefill, then
         the admitted), and finished requests give their blocks back in that order.
         """
@@ -569,7 +570,7 @@ class Scheduler:
         for row in out.rows:
             request = row.request
             request.block_table.append(row.num_positions)
-            if not row.samples:
+            if not row.samples or request.request_id not in tokens:
                 continue
             reason = request.append_token(tokens[request.request_id], eos_token_ids)
             if reason is not None:

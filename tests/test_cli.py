@@ -139,7 +139,7 @@ def test_a_missing_gpu_is_a_one_line_error(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--temperature", "-1"], "temperature must be 0 (greedy) or at least"),
         (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
         (["--top-p", "2"], "top_p must be in (0, 1]"),
     ],

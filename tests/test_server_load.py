@@ -90,7 +90,8 @@ def slow(model: llmengine.Llama, tokenizer: Any) -> Iterator[Served]:
         yield running
 
 
-LONG = {"model": MODEL_NAME, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True}
+CHAT_LONG = {"model": MODEL_NAME, "max_tokens": 200, "ignore_eos": True}
+LONG = {**CHAT_LONG, "prompt": "ROMEO:"}
 
 
 def aborted(server: Served) -> float:
@@ -106,7 +107,7 @@ def test_a_client_that_leaves_mid_stream_gets_its_request_aborted(slow: Served) 
     before = aborted(slow)
     for path, body in (
         ("/v1/completions", LONG),
-        ("/v1/chat/completions", {**LONG, "messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/chat/completions", {**CHAT_LONG, "messages": [{"role": "user", "content": "Hi"}]}),
     ):
         with httpx.stream(
             "POST", f"{slow.url}{path}", json={**body, "stream": True}, timeout=TIMEOUT

@@ -41,6 +41,7 @@ class FakeLoop:
     def __init__(self, events: list[TokenEvent]) -> None:
         self.events = events
         self.aborted: list[int] = []
+        self.reasons: list[str] = []
 
     async def add(self, prompts: Any, params: Any) -> tuple[list[int], asyncio.Queue]:
         queue: asyncio.Queue = asyncio.Queue()
@@ -48,8 +49,9 @@ class FakeLoop:
             queue.put_nowait(event)
         return [0], queue
 
-    def abort(self, request_ids: Any) -> None:
+    def abort(self, request_ids: Any, reason: str = "abort") -> None:
         self.aborted.extend(request_ids)
+        self.reasons.append(reason)
 
 
 def run_choice(tokenizer: Any, texts: list[str], stop: tuple[str, ...] = ()) -> tuple:
@@ -95,6 +97,7 @@ def test_a_stop_string_ends_the_choice_and_aborts_its_request(tokenizer: Any) ->
     deltas, loop = run_choice(tokenizer, ["KING", " and", " the"], stop=("G a",))
     assert "".join(delta.text for delta in deltas) == "KIN"
     assert deltas[-1].finish_reason == "stop" and loop.aborted == [0]
+    assert loop.reasons == ["stop"]  # counted as a stop in the metrics, not an abort
     assert [t.token for d in deltas for t in d.logprobs] == ["KING", " and"]
 
 

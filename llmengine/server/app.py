@@ -4,6 +4,11 @@
 lifespan) and stops with it: uvicorn turns SIGINT and SIGTERM into a shutdown, and the
 shutdown aborts what is in flight and joins the engine thread.
 
+A shutdown drains first (`Drain`, begun by the runner when SIGTERM or SIGINT arrives): new
+`/v1` requests get a JSON 503 and `/health` turns 503, the requests in flight get up to the
+shutdown timeout to finish, and those still running then end with an error (an OpenAI error
+event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body.
+
 Two checks run before any route, as plain ASGI middleware: with an API key, every `/v1`
 request needs `Authorization: Bearer KEY` (compared in constant time) or gets 401, while
 `/health` and `/metrics` stay open; and a body over `max_body_bytes` gets 413, whether its
@@ -14,6 +19,7 @@ so the key never reaches a log.
 from __future__ import annotations
 
 import hmac
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,7 +37,8 @@ from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmengine.server.serving import Serving
 
 MAX_BODY_BYTES = 1 << 20
-MAX_WAITING = 256
+# guidellm's default sweep opens 512 streams at once: a standard sweep runs without a 429.
+MAX_WAITING = 1024
 
 
 def create_app(
@@ -46,8 +53,8 @@ def create_app(
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
 
-    `max_waiting`: the most engine requests waiting for a slot, the arriving ones included
-    (each of a request's `n` samples counts), before a request gets 429.
+    `max_waiting`: the most engine requests left waiting for a slot once the free ones are
+    taken (each of a request's `n` samples counts); a request that would pass it gets 429.
     `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
     plain one. The app owns the engine from its startup to its shutdown: nothing else may
     step it meanwhile. `app.state.engine_loop` and `app.state.metrics` are there to inspect.
@@ -66,8 +73,10 @@ def create_app(
             engine_loop.stop()
 
     app = FastAPI(title="llmengine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    drain = Drain(engine_loop)
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
+    app.state.drain = drain
     install_error_handlers(app)
 
     @app.post("/v1/completions", response_model=None)
@@ -93,6 +102,8 @@ def create_app(
     async def health() -> Response:
         if not engine_loop.running:
             return APIError(503, "the engine is not running", type="server_error").response()
+        if drain.started:
+            return SHUTTING_DOWN.response()
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -100,9 +111,49 @@ def create_app(
         return Response(metrics.render(), media_type=metrics.content_type)
 
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    app.add_middleware(RefuseWhileDraining, drain=drain)
     if api_key:
         app.add_middleware(RequireKey, api_key=api_key)  # added last: runs first
     return app
+
+
+SHUTTING_DOWN = APIError(503, "the server is shutting down", type="server_error")
+
+
+class Drain:
+    """A shutdown's first phase: refuse new requests, then, `timeout` seconds after `begin`,
+    end those still in flight with `EngineStopped` (which their responses turn into an error
+    event or a JSON 503). The runner gives uvicorn a little longer than `timeout`, so that
+    those endings are sent before uvicorn cancels what is left."""
+
+    def __init__(self, engine_loop: EngineLoop) -> None:
+        self.engine_loop = engine_loop
+        self.started = False
+        self._timer: threading.Timer | None = None
+
+    def begin(self, timeout: float) -> None:
+        """Start draining (a second call changes nothing): safe from a signal handler."""
+        if self.started:
+            return
+        self.started = True
+        reason = f"the server shut down before this request finished ({timeout:g} s allowed)"
+        self._timer = threading.Timer(timeout, self.engine_loop.fail_all, args=(reason,))
+        self._timer.daemon = True
+        self._timer.start()
+
+
+class RefuseWhileDraining:
+    """503 for a `/v1` request that arrives once the shutdown has begun."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.drain.started and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            await SHUTTING_DOWN.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class RequireKey:

@@ -102,7 +102,7 @@ class ChoiceRun:
             if delta.finish_reason is not None:
                 self._live.discard(event.request_id)
                 if event.finish_reason is None:  # a stop string, before the engine was done
-                    self._engine_loop.abort([event.request_id])
+                    self._engine_loop.abort([event.request_id], reason="stop")
             if delta.text or delta.finish_reason is not None:
                 yield delta
 

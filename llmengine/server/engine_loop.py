@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,11 @@ class QueueFull(Exception):
 
 class EngineStopped(Exception):
     """The engine loop stopped (shutdown, or a failed step) before the request ended."""
+
+
+class RequestFailed(Exception):
+    """The engine could not go on with one request (its logits were not finite, say, or
+    handling it raised); the others go on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,12 @@ class _Add:
 @dataclass(frozen=True, slots=True)
 class _Abort:
     request_ids: tuple[int, ...]
+    reason: str  # the metrics' label: "abort", or "stop" for a stop string
+
+
+@dataclass(frozen=True, slots=True)
+class _FailAll:
+    reason: str
 
 
 _STOP = object()
@@ -83,14 +94,24 @@ _STOP = object()
 class EngineLoop:
     """Runs `engine` on a background thread; `add` and `abort` may be called from anywhere.
 
-    `max_waiting` bounds the requests waiting for a slot: an add that would take it past
-    that is refused with `QueueFull`, checked on the engine thread, so the bound is exact.
+    `max_waiting` bounds the requests that wait for a slot: an add whose requests could not
+    all be seated at the next step (the free slots taken first by the requests already
+    queued or swapped out) and would take the waiting ones past that bound is refused with
+    `QueueFull`. It is checked on the engine thread, so the bound is exact.
     """
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, *, max_waiting: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics,
+        *,
+        max_waiting: int,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_waiting = max_waiting
+        self.on_fatal = on_fatal  # called on the engine thread if its loop cannot go on
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, _Sink] = {}
         self._thread: threading.Thread | None = None
@@ -113,6 +134,11 @@ class EngineLoop:
         self._thread.join(timeout)
         self._thread = None
         self._refuse_pending()  # an add that slipped in as the thread ended
+
+    @property
+    def capacity(self) -> int:
+        """The most engine requests the server ever holds at once: seated plus waiting."""
+        return self.engine.num_slots + self.max_waiting
 
     @property
     def running(self) -> bool:
@@ -142,14 +168,33 @@ class EngineLoop:
         if not future.cancelled() and future.exception() is None:
             self.abort(future.result()[0])
 
-    def abort(self, request_ids: Sequence[int]) -> None:
-        """Ask the engine thread to abort these requests (finished ones are left alone)."""
+    def abort(self, request_ids: Sequence[int], reason: str = "abort") -> None:
+        """Ask the engine thread to abort these requests (finished ones are left alone);
+        `reason` is what the metrics count them as (a stop string's end is a "stop")."""
         if request_ids:
-            self._commands.put(_Abort(tuple(request_ids)))
+            self._commands.put(_Abort(tuple(request_ids), reason))
+
+    def fail_all(self, reason: str) -> None:
+        """End every request in flight with `EngineStopped(reason)`; the loop goes on."""
+        self._commands.put(_FailAll(reason))
 
     # -- the engine thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The loop, and what happens if it cannot go on: every open request is told, and
+        `on_fatal` decides the process's fate (the server exits non-zero, for a supervisor
+        to restart it, rather than live on with /health answering 503 for ever)."""
+        try:
+            self._loop()
+        except BaseException as error:
+            logger.exception("the engine loop failed; ending every request in flight")
+            with contextlib.suppress(Exception):
+                self._abort_all(EngineStopped(f"the engine loop failed: {error}"))
+            self._refuse_pending()
+            if self.on_fatal is not None:
+                self.on_fatal(error)
+
+    def _loop(self) -> None:
         while True:
             # Block for a command only when there is nothing to step.
             try:
@@ -161,7 +206,7 @@ class EngineLoop:
                     self._abort_all(EngineStopped("the server is shutting down"))
                     self._refuse_pending()
                     return
-                self._handle(command)
+                self._handle_one(command)
                 try:
                     command = self._commands.get_nowait()
                 except queue.Empty:
@@ -170,17 +215,35 @@ class EngineLoop:
                 self._step()
             self._publish()
 
-    def _handle(self, command: _Add | _Abort) -> None:
+    def _handle_one(self, command: _Add | _Abort | _FailAll) -> None:
+        """Carry out one command; an exception fails that command's requests, not the loop."""
+        try:
+            self._handle(command)
+        except Exception as error:
+            logger.exception("handling a %s failed", type(command).__name__)
+            if isinstance(command, _Add) and not command.future.done():
+                command.future.set_exception(RequestFailed(f"adding the request failed: {error}"))
+
+    def _handle(self, command: _Add | _Abort | _FailAll) -> None:
+        if isinstance(command, _FailAll):
+            self._abort_all(EngineStopped(command.reason))
+            return
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
-                self._end(request_id, abort=True)
+                self._end(request_id, abort=True, reason=command.reason)
             return
         if not command.future.set_running_or_notify_cancel():
             return
-        waiting = len(self.engine.scheduler.waiting)
-        if waiting + len(command.prompts) > self.max_waiting:
+        scheduler = self.engine.scheduler
+        queued = len(scheduler.waiting) + len(scheduler.swapped)
+        free = self.engine.num_slots - len(scheduler.running)
+        would_wait = max(queued + len(command.prompts) - free, 0)
+        if would_wait > self.max_waiting:
             command.future.set_exception(
-                QueueFull(f"{waiting} requests are waiting already (at most {self.max_waiting})")
+                QueueFull(
+                    f"{len(command.prompts)} more requests would make {would_wait} wait for a "
+                    f"slot (at most {self.max_waiting})"
+                )
             )
             return
         try:
@@ -188,11 +251,18 @@ class EngineLoop:
         except ValueError as error:
             command.future.set_exception(error)
             return
-        now = time.perf_counter()
-        events: asyncio.Queue = asyncio.Queue()
-        for request_id, prompt in zip(ids, command.prompts, strict=True):
-            self._sinks[request_id] = _Sink(command.loop, events, now)
-            self.metrics.prompt_tokens.inc(len(prompt))
+        try:
+            now = time.perf_counter()
+            events: asyncio.Queue = asyncio.Queue()
+            for request_id, prompt in zip(ids, command.prompts, strict=True):
+                self._sinks[request_id] = _Sink(command.loop, events, now)
+                self.metrics.prompt_tokens.inc(len(prompt))
+        except Exception:
+            for request_id in ids:  # in the engine already: take them out again
+                self._sinks.pop(request_id, None)
+                self.engine.abort(request_id)
+                self.engine.release(request_id)
+            raise
         command.future.set_result((ids, events))
 
     def _step(self) -> None:
@@ -210,33 +280,65 @@ class EngineLoop:
         self.metrics.generation_tokens.inc(len(outcome.tokens))
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
         self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
-        logprobs = getattr(outcome, "logprobs", None) or {}
         finished = set(outcome.finished)
         for request_id, token_id in outcome.tokens.items():
             sink = self._sinks.get(request_id)
             if sink is None:
                 continue
-            if sink.last_token_at is None:
-                self.metrics.time_to_first_token.observe(now - sink.added_at)
-            else:
-                self.metrics.inter_token_latency.observe(now - sink.last_token_at)
-            sink.last_token_at = now
-            reason = None
-            if request_id in finished:
-                reason = self.engine.request(request_id).finish_reason
-            sink.put(TokenEvent(request_id, token_id, logprobs.get(request_id), reason))
+            try:
+                self._deliver_token(request_id, token_id, outcome, sink, now, finished)
+            except Exception as error:  # this request's fault: fail it, not the loop
+                logger.exception("delivering request %d's token failed", request_id)
+                self._fail(request_id, RequestFailed(f"delivering a token failed: {error}"))
+                finished.discard(request_id)
+        for request_id, reason in outcome.failed.items():
+            self._fail(request_id, RequestFailed(f"the engine could not go on: {reason}"))
         for request_id in finished:
             self._end(request_id, abort=False)
 
-    def _end(self, request_id: int, *, abort: bool) -> None:
-        """Forget a request: abort it if asked (False for a finished one), release its record."""
+    def _deliver_token(
+        self,
+        request_id: int,
+        token_id: int,
+        outcome: IterationOutcome,
+        sink: _Sink,
+        now: float,
+        finished: set[int],
+    ) -> None:
+        if sink.last_token_at is None:
+            self.metrics.time_to_first_token.observe(now - sink.added_at)
+        else:
+            self.metrics.inter_token_latency.observe(now - sink.last_token_at)
+        sink.last_token_at = now
+        reason = None
+        if request_id in finished:
+            reason = self.engine.request(request_id).finish_reason
+        sink.put(TokenEvent(request_id, token_id, outcome.logprobs.get(request_id), reason))
+
+    def _fail(self, request_id: int, error: Exception) -> None:
+        """Tell one request's client `error` and end the request (aborted if it still runs)."""
+        sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink.put(error)
+        try:
+            self._end(request_id, abort=True, reason="error")
+        except (KeyError, ValueError):  # already aborted by the engine: just forget it
+            self._sinks.pop(request_id, None)
+            with contextlib.suppress(KeyError, ValueError):
+                self.engine.release(request_id)
+            self.metrics.requests_finished.labels("error").inc()
+
+    def _end(self, request_id: int, *, abort: bool, reason: str = "abort") -> None:
+        """Forget a request: abort it if asked (False for a finished one), release its record.
+
+        `reason` labels an aborted request in the metrics (a finished one has its own)."""
         sink = self._sinks.pop(request_id, None)
         if sink is None:
             return  # already ended: an abort that lost the race with the last token
         if abort:
             self.engine.abort(request_id)
         record = self.engine.release(request_id)
-        self.metrics.requests_finished.labels(record.finish_reason or "abort").inc()
+        self.metrics.requests_finished.labels(record.finish_reason or reason).inc()
 
     def _abort_all(self, error: Exception) -> None:
         """Tell every waiting client `error` and end its requests."""

@@ -26,8 +26,10 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type
@@ -45,7 +47,7 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -64,6 +66,9 @@ def from_validation(error: RequestValidationError) -> APIError:
     # The field is the first place after "body"; deeper places name union members or items.
     location = [part for part in first.get("loc", ()) if part != "body"]
     param = str(location[0]) if location else None
+    if first.get("type") == "extra_forbidden":
+        place = ".".join(str(part) for part in location)
+        return bad_request(f"{place}: this server does not support this field", param=param)
     prefix = f"{param}: " if param else "the body: "
     return bad_request(f"{prefix}{first.get('msg', 'invalid value')}", param=param)
 

@@ -2,9 +2,15 @@
 
 The fields and defaults are OpenAI's (temperature 1.0, top_p 1.0, n 1; `max_tokens` 16 for
 completions, its legacy default), plus vLLM's extensions `top_k`, `repetition_penalty`,
-`stop_token_ids` and `ignore_eos`. Ranges are checked here, so a bad value is a 400 naming
-its field; `SamplingParams` checks again. Unknown fields are ignored, as OpenAI's own
-clients send some this server has no use for.
+`stop_token_ids` and `ignore_eos`. Types are strict (`"n": "2"` is refused, not read as 2)
+and ranges are checked here, so a bad value is a 400 naming its field; `SamplingParams`
+checks again. A field this server does not implement (`tools`, `response_format`,
+`logit_bias`, `best_of`, `suffix`, ...) is refused with a 400 naming it rather than ignored,
+so a client never takes prose for what it asked. `user` is accepted and not used (OpenAI
+keeps it for abuse monitoring).
+
+One request is at most `MAX_CHOICES` engine requests (prompts x n): everything it costs
+before the engine sees it is bounded by that.
 
 `n` samples of one prompt are independent requests to the engine; with a `seed`, sample i
 uses seed + i, so they differ from each other yet the whole response is reproducible.
@@ -14,28 +20,73 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
-from llmengine.params import MAX_LOGPROBS, SamplingParams
+from llmengine.params import (
+    MAX_LOGPROBS,
+    MIN_TEMPERATURE,
+    REPETITION_PENALTY_RANGE,
+    SamplingParams,
+)
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
 MAX_N = 64
+MAX_CHOICES = 256  # prompts x n in one request
+STRICT = ConfigDict(extra="forbid", strict=True)
 
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
+
+
+def _temperature_in_range(value: float) -> float:
+    if value != 0 and value < MIN_TEMPERATURE:
+        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in `value` (nested in lists and dicts) cannot be encoded as UTF-8."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
+
+
+Temperature = Annotated[float, Field(ge=0.0), AfterValidator(_temperature_in_range)]
 
 
 class SamplingFields(BaseModel):
     """What both endpoints take, in the same spelling."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
-    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    user: str | None = None  # accepted, not used
+    temperature: Temperature | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both keep every token
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
@@ -44,10 +95,26 @@ class SamplingFields(BaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repetition_penalty: (
+        Annotated[float, Field(ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])]
+        | None
+    ) = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        """Refuse text that is not Unicode: JSON may escape half a UTF-16 pair (`"\\udfff"`),
+        which no tokenizer can encode and no response can echo back."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if _has_lone_surrogate(name):
+                    raise ValueError("a field's name holds a lone UTF-16 surrogate, not text")
+                if _has_lone_surrogate(value):
+                    raise ValueError(f"{name} holds a lone UTF-16 surrogate, which is not text")
+        return data
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -97,6 +164,20 @@ class CompletionRequest(SamplingFields):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Literal[False] = False
 
+    @model_validator(mode="after")
+    def _bounded(self) -> CompletionRequest:
+        count = (
+            1
+            if isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+            else len(self.prompt)
+        )
+        if count * self.n > MAX_CHOICES:
+            raise ValueError(
+                f"{count} prompts x n={self.n} is {count * self.n} choices; "
+                f"one request may ask for at most {MAX_CHOICES}"
+            )
+        return self
+
     def prompts(self) -> list[str | list[int]]:
         """Each prompt of the request on its own: a text, or a list of token ids."""
         prompt = self.prompt
@@ -108,12 +189,14 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None

@@ -1,13 +1,16 @@
 """Running the app under uvicorn: in the foreground (`llmengine serve`), or on a thread.
 
-`serve` is the command's: it returns 0 once SIGINT or SIGTERM has shut the server down.
-uvicorn turns either signal into a graceful shutdown and re-raises it afterwards, which
-would kill the process with the signal; a no-op handler installed for the duration makes
-that re-raise harmless.
+`serve` is the command's: it returns 0 once SIGINT or SIGTERM has shut the server down, and
+1 if the engine loop failed for good (so that a supervisor restarts the process). uvicorn
+turns either signal into a graceful shutdown and re-raises it afterwards, which would kill
+the process with the signal; a no-op handler installed for the duration makes that re-raise
+harmless.
 
-A shutdown stops taking connections, gives the requests in flight up to `shutdown_timeout`
-seconds to finish, then cancels them (their engine requests are aborted), and last the
-app's lifespan stops and joins the engine thread.
+A shutdown begins the app's drain (`app.state.drain`: new requests get 503, the requests in
+flight get up to `shutdown_timeout` seconds to finish, then each still running ends with an
+error event or a JSON 503), stops taking connections, and waits for the responses to go out;
+uvicorn itself waits `FINAL_WORDS_S` longer before it cancels anything, and last the app's
+lifespan stops and joins the engine thread.
 
 `serve_in_thread` is for tests, lessons and benchmarks: a real server on a background thread.
 
@@ -31,7 +34,11 @@ from typing import Any
 
 import uvicorn
 
-SHUTDOWN_TIMEOUT = 5.0
+# Drain for 20 s, plus the final words: inside the 30 s a supervisor such as Kubernetes
+# allows between SIGTERM and SIGKILL by default.
+SHUTDOWN_TIMEOUT = 20.0
+THREAD_SHUTDOWN_TIMEOUT = 5.0  # serve_in_thread's: tests and lessons stop at once
+FINAL_WORDS_S = 2.0  # after the drain's deadline: time for the error events to be sent
 
 
 @contextmanager
@@ -40,7 +47,7 @@ def serve_in_thread(
     *,
     host: str = "127.0.0.1",
     start_timeout: float = 30.0,
-    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
+    shutdown_timeout: float = THREAD_SHUTDOWN_TIMEOUT,
     log_level: str = "warning",
 ) -> Iterator[str]:
     """Serve `app` with uvicorn on a free port of `host`; yields the base URL.
@@ -80,11 +87,20 @@ def serve(
     shutdown_timeout: float = SHUTDOWN_TIMEOUT,
     log_level: str = "info",
 ) -> int:
-    """Serve `app` until SIGINT or SIGTERM; 0 after a clean shutdown."""
+    """Serve `app` until SIGINT or SIGTERM (0 after a clean shutdown), or until its engine
+    loop fails for good (1)."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout
-    )
-    server = uvicorn.Server(config)
+        app, host=host, port=port, log_level=log_level,
+        timeout_graceful_shutdown=shutdown_timeout + FINAL_WORDS_S,
+    )  # fmt: skip
+    server = _DrainingServer(config, app.state.drain, shutdown_timeout)
+    failed = threading.Event()
+
+    def on_fatal(_: BaseException) -> None:  # on the engine thread
+        failed.set()
+        server.should_exit = True
+
+    app.state.engine_loop.on_fatal = on_fatal
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, _already_shutting_down) for sig in handled}
     try:
@@ -92,7 +108,20 @@ def serve(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 0 if server.started else 1
+    return 0 if server.started and not failed.is_set() else 1
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, beginning the app's drain when a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, drain: Any, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.shutdown_timeout = shutdown_timeout
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.drain.begin(self.shutdown_timeout)
+        super().handle_exit(sig, frame)
 
 
 def _already_shutting_down(signum: int, frame: Any) -> None:

@@ -13,6 +13,7 @@ block_size tokens), minus the prompt.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +25,7 @@ from starlette.types import Receive
 from llmengine.params import SamplingParams
 from llmengine.server.chat import ChatFormatter
 from llmengine.server.choices import ChoiceRun, Delta, TokenLogprob
-from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull
+from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull, RequestFailed
 from llmengine.server.errors import APIError, bad_request
 from llmengine.server.protocol import (
     DEFAULT_COMPLETION_TOKENS,
@@ -38,6 +39,16 @@ from llmengine.server.streaming import (
     cancel_on_disconnect,
     sse_event,
 )
+
+RETRY_AFTER_S = 1  # what a 429 tells a client to wait: a queue moves every engine step
+
+
+def server_error(error: EngineStopped | RequestFailed) -> APIError:
+    """What a client hears when the server, not its request, is at fault: 503 while the
+    engine is stopped or stopping (try again later, maybe elsewhere), 500 when the engine
+    failed this request alone."""
+    status = 503 if isinstance(error, EngineStopped) else 500
+    return APIError(status, str(error), type="server_error")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -89,6 +100,7 @@ class Serving:
         engine = engine_loop.engine
         self.max_model_len = engine.model.config.max_position_embeddings
         self.max_fit = min(self.max_model_len, engine.num_blocks * engine.block_size)
+        self.vocab_size = engine.model.config.vocab_size
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -109,10 +121,37 @@ class Serving:
                 param="max_tokens",
             )
 
+    def check_token_fields(self, body: SamplingFields) -> None:
+        """Token ids and counts the model's vocabulary can honour."""
+        vocab = self.vocab_size
+        for token in body.stop_token_ids or ():
+            if token >= vocab:
+                raise bad_request(
+                    f"stop_token_ids: {token} is not a token of this model's {vocab}",
+                    param="stop_token_ids",
+                )
+        if body.top_k is not None and body.top_k > vocab:
+            raise bad_request(
+                f"top_k: {body.top_k} is more than this model's {vocab} tokens",
+                param="top_k",
+            )
+
+    def check_choices(self, count: int) -> None:
+        """400 for more choices than the server could ever hold at once: a retry never helps."""
+        capacity = self.engine_loop.capacity
+        if count > capacity:
+            raise bad_request(
+                f"this request asks for {count} choices (prompts x n), more than this server "
+                f"ever holds at once ({capacity}: --max-num-seqs plus --max-waiting)",
+                param="n",
+            )
+
     def sampling(
         self, body: SamplingFields, prompts: list[list[int]], max_tokens: list[int], k: int | None
     ) -> tuple[list[list[int]], list[SamplingParams]]:
         """One engine prompt and one SamplingParams per choice, in choice order."""
+        self.check_token_fields(body)
+        self.check_choices(len(prompts) * body.n)
         engine_prompts, params = [], []
         try:
             for prompt, budget in zip(prompts, max_tokens, strict=True):
@@ -133,9 +172,12 @@ class Serving:
                 self.engine_loop, self.tokenizer, prompts, params, body.stop_strings
             )
         except QueueFull as error:
-            raise APIError(429, str(error), type="rate_limit_error", code="queue_full") from None
-        except EngineStopped as error:
-            raise APIError(503, str(error), type="server_error") from None
+            raise APIError(
+                429, str(error), type="rate_limit_error", code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None  # fmt: skip
+        except (EngineStopped, RequestFailed) as error:
+            raise server_error(error) from None
         except ValueError as error:
             raise bad_request(str(error), param="prompt") from None
 
@@ -143,7 +185,9 @@ class Serving:
 
     async def completions(self, body: CompletionRequest, receive: Receive) -> Response:
         self.check_model(body.model)
-        prompts = [self._encode(prompt) for prompt in body.prompts()]
+        # Tokenising up to MAX_CHOICES texts is CPU work: off the event loop, so that
+        # /health and the other clients' streams do not wait for it.
+        prompts = await asyncio.to_thread(lambda: [self._encode(p) for p in body.prompts()])
         max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
         engine_prompts, params = self.sampling(
             body, prompts, [max_tokens] * len(prompts), body.logprobs
@@ -170,7 +214,7 @@ class Serving:
         self.check_model(body.model)
         messages = [(message.role, message.text) for message in body.messages]
         try:
-            prompt = self.chat.token_ids(messages)
+            prompt = await asyncio.to_thread(self.chat.token_ids, messages)
         except ValueError as error:
             raise bad_request(f"the chat template refused the messages: {error}") from None
         max_tokens = body.requested_max_tokens or self.max_fit - len(prompt)
@@ -253,8 +297,8 @@ async def _collect(
         await cancel_on_disconnect(receive, gather())
     except ClientGone:
         return Response(status_code=499)  # nobody reads it
-    except EngineStopped as error:
-        raise APIError(503, str(error), type="server_error") from None
+    except (EngineStopped, RequestFailed) as error:
+        raise server_error(error) from None
     finally:
         run.close()
     ends.sort(key=lambda delta: delta.index)
@@ -287,8 +331,8 @@ async def _stream(
         async for delta in run.deltas():
             shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
             yield sse_event(shaper.wrap([shaped], **extra))
-    except EngineStopped as error:
-        yield sse_event(APIError(503, str(error), type="server_error").body())
+    except (EngineStopped, RequestFailed) as error:
+        yield sse_event(server_error(error).body())
         return
     if body.include_usage:
         yield sse_event(shaper.wrap([], usage=usage(prompt_tokens, run.completion_tokens)))
