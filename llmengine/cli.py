@@ -491,6 +491,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from llmengine.server import create_app, serve
     from llmengine.server.chat import chat_template_of
 
+    api_key = _api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY"))  # before the load
     folder = model_folder(args.model)
     tokenizer = llmengine.load_tokenizer(args.model)
     engine = llmengine.Engine(
@@ -511,7 +512,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine,
         tokenizer,
         served_model_name=args.served_model_name or folder.name,
-        api_key=_api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY")),
+        api_key=api_key,
         max_waiting=args.max_waiting,
         chat_template=chat_template_of(folder, tokenizer),
     )

@@ -27,6 +27,7 @@ class Served:
     url: str
     engine: llmengine.Engine
     api_key: str = "unused"
+    app: Any = None  # the FastAPI app, for its `state` (engine loop, drain, metrics)
 
     def openai(self) -> openai.OpenAI:
         return openai.OpenAI(
@@ -46,7 +47,7 @@ def served(engine: llmengine.Engine, tokenizer: Any, **options: Any) -> Iterator
     """`engine` behind a real uvicorn server on a free local port, stopped on exit."""
     app = create_app(engine, tokenizer, served_model_name=MODEL_NAME, **options)
     with serve_in_thread(app) as url:
-        yield Served(url, engine, options.get("api_key") or "unused")
+        yield Served(url, engine, options.get("api_key") or "unused", app)
 
 
 def sse_payloads(lines: Iterator[str]) -> list[Any]:

@@ -70,6 +70,7 @@ def create_app(
         try:
             yield
         finally:
+            drain.cancel()
             engine_loop.stop()
 
     app = FastAPI(title="llmengine", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -140,6 +141,11 @@ class Drain:
         self._timer = threading.Timer(timeout, self.engine_loop.fail_all, args=(reason,))
         self._timer.daemon = True
         self._timer.start()
+
+    def cancel(self) -> None:
+        """Forget the deadline: everything finished before it (the app is stopping)."""
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class RefuseWhileDraining:
