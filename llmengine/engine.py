@@ -24,6 +24,7 @@ from llmengine.decode_graph import DecodeGraphs, buckets_for
 from llmengine.model import LayerSteps, Llama
 from llmengine.outcome import IterationOutcome, TokenLogprobs
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens, token_logprobs
 from llmengine.scheduler import ScheduledRow, Scheduler, SchedulerOutput
@@ -133,6 +134,7 @@ class Engine:
         self.slot_owners: list[int | None] = [None] * num_slots
         self._requests: dict[int, Request] = {}
         self._generators: dict[int, torch.Generator | None] = {}
+        self.prompt_logprobs = PromptLogprobs()
         self._next_id = 0
 
     # -- the pool, as callers see it -----------------------------------------------------
@@ -200,6 +202,7 @@ class Engine:
         self._requests[request.request_id] = request
         # On the cache's device: a CUDA row cannot draw from a CPU generator.
         self._generators[request.request_id] = make_generator(params, self.cache.device)
+        self.prompt_logprobs.add(request)
         return request.request_id
 
     def add_requests(
@@ -245,6 +248,7 @@ class Engine:
             raise ValueError(f"request {request_id} is already aborted")
         self.scheduler.abort(request)
         del self._generators[request_id]
+        self.prompt_logprobs.forget(request_id)
         return True
 
     def release(self, request_id: int) -> Request:
@@ -282,25 +286,38 @@ class Engine:
         self.cache.swap_in(decision.blocks_to_swap_in)
         for row in decision.rows:
             self.slot_owners[row.request.slot] = row.request.request_id
-        rows = [paged_row(row) for row in decision.rows]
-        bucket = self._decode_bucket(decision.rows)
-        if bucket is None:
-            logits = paged_forward(self.model, self.cache, rows, self.layer_steps)
-        else:
-            assert self.decode_graphs is not None
-            logits = self.decode_graphs(rows, bucket)
-            self.graph_steps += 1
+        logits, prompt_logprobs = self._forward(decision.rows)
         tokens, logprobs, failed = self._sample(decision.rows, logits)
         finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
         for request in finished:
             del self._generators[request.request_id]
+            self.prompt_logprobs.forget(request.request_id)
         for request_id in failed:
             self.abort(request_id)
         outcome = self._outcome(decision, tokens, finished)
         outcome.logprobs = logprobs
+        outcome.prompt_logprobs = prompt_logprobs
         outcome.failed = failed
         self.iteration += 1
         return outcome
+
+    def _forward(
+        self, scheduled: list[ScheduledRow]
+    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
+        """The rows' sampling logits, through the decode graph when a bucket holds them, and
+        the prompt logprobs the prefill rows owe (which need logits at every position)."""
+        rows = [paged_row(row) for row in scheduled]
+        bucket = self._decode_bucket(scheduled)
+        if bucket is not None:
+            assert self.decode_graphs is not None
+            self.graph_steps += 1
+            return self.decode_graphs(rows, bucket), {}
+        plan = self.prompt_logprobs.plan(scheduled)
+        if plan is None:
+            return paged_forward(self.model, self.cache, rows, self.layer_steps), {}
+        logits = paged_forward(self.model, self.cache, rows, self.layer_steps, plan.logits_at)
+        sampling, owed = plan.split(logits, len(rows))
+        return sampling, self.prompt_logprobs.score(plan, owed)
 
     def _decode_bucket(self, rows: list[ScheduledRow]) -> int | None:
         """The decode graph's bucket for these rows, or None when the step runs eager: no

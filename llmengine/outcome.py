@@ -62,6 +62,9 @@ class IterationOutcome:
     decided.
 
     `logprobs` has a `TokenLogprobs` for the token of every row whose request asked for them.
+    `prompt_logprobs` has, for each request with `prompt_logprobs` whose prefill computed
+    prompt positions, the logprobs of the prompt tokens they score, in prompt order (token 1
+    on; a chunked prefill reports its prompt chunk by chunk).
     `failed` names the requests this step could not serve, with why (logits that were not
     finite): each got no token and is aborted, while the other rows went on as usual.
     """
@@ -71,6 +74,7 @@ class IterationOutcome:
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     swapped_out: list[int] = field(default_factory=list)
     swapped_in: list[int] = field(default_factory=list)

@@ -249,11 +249,17 @@ def flat_indices(table: torch.Tensor, positions: torch.Tensor, block_size: int) 
 
 
 def paged_forward(
-    model: Llama, cache: PagedKVCache, rows: list[PagedRow], steps: LayerSteps | None = None
+    model: Llama,
+    cache: PagedKVCache,
+    rows: list[PagedRow],
+    steps: LayerSteps | None = None,
+    logits_at: list[int] | None = None,
 ) -> torch.Tensor:
     """One forward over rows of any lengths; logits `[len(rows), vocab]` at each last new position.
 
     `steps` replaces the layers' position-wise halves (compiled ones, say); None runs eager.
+    `logits_at` asks for logits at other new positions instead, by index into the rows' new
+    tokens packed in order (row 0's, then row 1's, ...): `[len(logits_at), vocab]`.
     Computes `positions_computed(rows)` positions (pad excluded) and leaves their K/V in the
     cache, so the next call for a row starts at `start_position + len(token_ids)`.
     """
@@ -264,7 +270,9 @@ def paged_forward(
         [[token for row in rows for token in row.token_ids]], device=cache.device
     )
     hidden = model.forward_hidden(input_ids, attention.positions, attention, steps)
-    return model.compute_logits(hidden[0, attention.last_new])
+    if logits_at is None:
+        return model.compute_logits(hidden[0, attention.last_new])
+    return model.compute_logits(hidden[0, torch.tensor(logits_at, device=cache.device)])
 
 
 def positions_computed(rows: list[PagedRow]) -> int:

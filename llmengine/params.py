@@ -49,6 +49,9 @@ class SamplingParams:
       definition).
     - `logprobs`: None, or k in [0, 20]: report the sampled token's log-probability and the k
       most likely alternatives at every position.
+    - `prompt_logprobs`: None, or k in [0, 20]: the same for every prompt token after the
+      first (what the model thought of the prompt), computed by the prefill. Such a request
+      takes no prefix-cache hits: a cached block is never computed, so it has no logits.
     """
 
     max_tokens: int = 16
@@ -62,6 +65,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -93,12 +97,12 @@ class SamplingParams:
                 f"repetition_penalty must be a number in [{low:g}, {high:g}] (1 is off), "
                 f"got {self.repetition_penalty!r}"
             )
-        if self.logprobs is not None and (
-            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
-        ):
-            raise ValueError(
-                f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(
+                    f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}"
+                )
 
     @property
     def has_penalties(self) -> bool:

@@ -403,9 +403,10 @@ class Scheduler:
         """The cached blocks a (re)admitted request can take instead of computing them.
 
         Only full blocks, and never the one holding its last token: the prefill must compute
-        at least that position to sample from it, and a shared block is never written.
+        at least that position to sample from it, and a shared block is never written. None
+        for a request that wants its prompt's logprobs: only a computed position has logits.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []
         usable = (request.num_tokens - 1) // self.block_size
         return self.pool.lookup(self._block_keys(request, usable))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmengine.params import SamplingParams
-from llmengine.server.engine_loop import EngineLoop, TokenEvent
+from llmengine.server.engine_loop import EngineLoop, PromptEvent, TokenEvent
 from llmengine.server.text_stream import TextStream
 
 # The engine's reasons, as OpenAI spells them: an end-of-sequence token is a stop.
@@ -32,8 +32,8 @@ class TokenLogprob:
     """
 
     token: str
-    logprob: float
-    top: list[tuple[str, float]]
+    logprob: float | None  # None for a prompt's first token: nothing precedes it
+    top: list[tuple[str, float]] | None
     offset: int
 
 
@@ -48,12 +48,24 @@ class Delta:
 
 
 class _Choice:
-    """One sample's text, and logprobs not yet sent because their text is held back."""
+    """One sample's text, and logprobs not yet sent because their text is held back.
 
-    def __init__(self, index: int, tokenizer: Any, stop: Sequence[str]) -> None:
+    With an echo, the choice's text starts with the prompt's (`echo`), so the offsets of its
+    generated tokens start after it; `prompt_logprobs` gathers the prompt's scores as the
+    prefill reports them, `prompt_length - 1` in all.
+    """
+
+    def __init__(
+        self, index: int, tokenizer: Any, stop: Sequence[str], prompt: list[int], echo: str | None
+    ) -> None:
         self.index = index
         self.text = TextStream(tokenizer, stop)
         self.pending: list[TokenLogprob] = []
+        self.prompt = prompt
+        self.echo = echo
+        self.offset_base = 0 if echo is None else len(echo)
+        self.prompt_logprobs: list[Any] = []  # llmengine.outcome.TokenLogprobs
+        self.echoed = False
 
 
 class ChoiceRun:
@@ -66,10 +78,28 @@ class ChoiceRun:
     `completion_tokens` counts every token generated.
     """
 
-    def __init__(self, engine_loop: EngineLoop, tokenizer: Any, added: Any, stop: Sequence[str]):
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        tokenizer: Any,
+        added: Any,
+        stop: Sequence[str],
+        prompts: Sequence[list[int]],
+        params: Sequence[SamplingParams],
+        echo: Sequence[str] | None = None,
+        only_prompt: bool = False,
+    ):
         ids, self._events = added
         self._engine_loop = engine_loop
-        self._choices = {rid: _Choice(i, tokenizer, stop) for i, rid in enumerate(ids)}
+        self._tokenizer = tokenizer
+        self._choices = {
+            rid: _Choice(i, tokenizer, stop, list(prompts[i]), None if echo is None else echo[i])
+            for i, rid in enumerate(ids)
+        }
+        self._scores_prompt = {
+            rid: params[i].prompt_logprobs is not None for i, rid in enumerate(ids)
+        }
+        self._only_prompt = only_prompt
         self._live = set(ids)
         self._token_text = _TokenTexts(tokenizer)
         self.completion_tokens = 0
@@ -82,29 +112,71 @@ class ChoiceRun:
         prompts: Sequence[list[int]],
         params: Sequence[SamplingParams],
         stop: Sequence[str],
+        echo: Sequence[str] | None = None,
+        only_prompt: bool = False,
     ) -> ChoiceRun:
-        return cls(engine_loop, tokenizer, await engine_loop.add(prompts, params), stop)
+        """Add the choices; `echo` (a text per choice) starts each choice's text with it, and
+        `only_prompt` ends each choice once its prompt is scored, with no generated token
+        (the engine's one is dropped): OpenAI's `echo` with `max_tokens: 0`."""
+        added = await engine_loop.add(prompts, params)
+        return cls(engine_loop, tokenizer, added, stop, prompts, params, echo, only_prompt)
+
+    def prompt_logprobs(self, index: int) -> list[Any]:
+        """Choice `index`'s prompt scores so far (`TokenLogprobs`, prompt token 1 on)."""
+        choice = next(c for c in self._choices.values() if c.index == index)
+        return choice.prompt_logprobs
 
     @property
     def num_choices(self) -> int:
         return len(self._choices)
 
     async def deltas(self) -> AsyncIterator[Delta]:
-        """New text or an end, choice by choice, in the order the engine made the tokens."""
+        """New text or an end, choice by choice, in the order the engine made the tokens; an
+        echo first, once its prompt is scored (at once when no score is asked for)."""
+        for request_id, choice in self._choices.items():
+            if (delta := self._echo(request_id, choice)) is not None:
+                yield delta
         while self._live:
             event = await self._events.get()
             if isinstance(event, Exception):
                 raise event
             if event.request_id not in self._live:
                 continue  # a token already on its way when a stop string ended the choice
+            choice = self._choices[event.request_id]
+            if isinstance(event, PromptEvent):
+                choice.prompt_logprobs.extend(event.logprobs)
+                if (delta := self._echo(event.request_id, choice)) is not None:
+                    yield delta
+                continue
+            if self._only_prompt:  # the engine's one token is not part of the answer
+                self._live.discard(event.request_id)
+                if event.finish_reason is None:
+                    self._engine_loop.abort([event.request_id], reason="length")
+                yield Delta(choice.index, "", finish_reason="length")
+                continue
             self.completion_tokens += 1
-            delta = _advance(self._choices[event.request_id], event, self._token_text)
+            delta = _advance(choice, event, self._token_text)
             if delta.finish_reason is not None:
                 self._live.discard(event.request_id)
                 if event.finish_reason is None:  # a stop string, before the engine was done
                     self._engine_loop.abort([event.request_id], reason="stop")
             if delta.text or delta.finish_reason is not None:
                 yield delta
+
+    def _echo(self, request_id: int, choice: _Choice) -> Delta | None:
+        """The echo delta of a choice whose prompt is scored as asked, once; else None."""
+        if choice.echo is None or choice.echoed:
+            return None
+        unscored = len(choice.prompt) - 1 - len(choice.prompt_logprobs)
+        if self._scores_prompt[request_id] and unscored > 0:
+            return None  # its prompt's scores are still on their way
+        choice.echoed = True
+        delta = Delta(choice.index, choice.echo)
+        if self._scores_prompt[request_id]:
+            delta.logprobs = _prompt_entries(
+                choice.prompt, choice.prompt_logprobs, self._tokenizer, self._token_text
+            )
+        return delta
 
     def close(self) -> None:
         """Abort every choice still running (none once `deltas` has run to its end)."""
@@ -114,7 +186,7 @@ class ChoiceRun:
 
 def _advance(choice: _Choice, event: TokenEvent, token_text: _TokenTexts) -> Delta:
     """Feed one token to its choice; the delta it makes (possibly empty)."""
-    offset = choice.text.decoded_length
+    offset = choice.offset_base + choice.text.decoded_length
     text = choice.text.add(event.token_id)
     if event.logprobs is not None:
         choice.pending.append(
@@ -135,6 +207,25 @@ def _advance(choice: _Choice, event: TokenEvent, token_text: _TokenTexts) -> Del
     if text or reason is not None:
         delta.logprobs, choice.pending = choice.pending, []
     return delta
+
+
+def _prompt_entries(
+    prompt: list[int], scores: list[Any], tokenizer: Any, token_text: _TokenTexts
+) -> list[TokenLogprob]:
+    """The echoed prompt's logprobs: its first token unscored, then each scored one, with
+    the offset of each token's text in the prompt's decoded text."""
+    text = TextStream(tokenizer)
+    entries = []
+    for position, token in enumerate(prompt):
+        offset = text.decoded_length
+        text.add(token)
+        if position == 0:
+            entries.append(TokenLogprob(token_text(token), None, None, offset))
+            continue
+        score = scores[position - 1]
+        top = [(token_text(t), float(logprob)) for t, logprob in score.top]
+        entries.append(TokenLogprob(token_text(token), float(score.logprob), top, offset))
+    return entries
 
 
 class _TokenTexts:

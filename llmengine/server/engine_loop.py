@@ -53,6 +53,15 @@ class TokenEvent:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PromptEvent:
+    """Logprobs of some of one engine request's prompt tokens, in prompt order (token 1 on),
+    sent before any of its generated tokens."""
+
+    request_id: int
+    logprobs: list[Any]  # llmengine.outcome.TokenLogprobs
+
+
 @dataclass(slots=True)
 class _Sink:
     """Where one engine request's events go (the queue it shares with the other requests of
@@ -63,7 +72,7 @@ class _Sink:
     added_at: float
     last_token_at: float | None = None
 
-    def put(self, event: TokenEvent | Exception) -> None:
+    def put(self, event: TokenEvent | PromptEvent | Exception) -> None:
         # RuntimeError: that event loop is closed, so nobody is listening any more.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -281,6 +290,9 @@ class EngineLoop:
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
         self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
         finished = set(outcome.finished)
+        for request_id, entries in outcome.prompt_logprobs.items():
+            if (sink := self._sinks.get(request_id)) is not None:
+                sink.put(PromptEvent(request_id, entries))
         for request_id, token_id in outcome.tokens.items():
             sink = self._sinks.get(request_id)
             if sink is None:

@@ -12,6 +12,11 @@ keeps it for abuse monitoring).
 One request is at most `MAX_CHOICES` engine requests (prompts x n): everything it costs
 before the engine sees it is bounded by that.
 
+`echo` (completions) starts each choice's text with its prompt, and with `logprobs` scores
+the prompt too (its first token `null`, as OpenAI does); `max_tokens: 0` then asks for the
+prompt's scores alone, which is how lm-eval's loglikelihood tasks call. vLLM's
+`prompt_logprobs` adds each choice's prompt scores in vLLM's format (without its `rank`).
+
 `n` samples of one prompt are independent requests to the engine; with a `seed`, sample i
 uses seed + i, so they differ from each other yet the whole response is reproducible.
 """
@@ -27,6 +32,8 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -126,7 +133,9 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, max_tokens: int, sample: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, sample: int, logprobs: int | None, prompt_logprobs: int | None
+    ) -> SamplingParams:
         """The engine parameters of sample `sample` (0 to n-1) of one prompt.
 
         Only the penalties and logprobs a request sets are passed on, so the defaults are
@@ -139,6 +148,8 @@ class SamplingFields(BaseModel):
                 options[name] = value
         if logprobs is not None:
             options["logprobs"] = logprobs
+        if prompt_logprobs is not None:
+            options["prompt_logprobs"] = prompt_logprobs
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -160,9 +171,30 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[Text], Field(min_length=1)]
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: Annotated[int, Field(ge=1)] | None = DEFAULT_COMPLETION_TOKENS
+    echo: bool = False  # before max_tokens, whose check reads it
+    max_tokens: Annotated[int, Field(ge=0)] | None = DEFAULT_COMPLETION_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: Literal[False] = False
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # vLLM's
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_tokens_only_with_echo(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value == 0 and not info.data.get("echo"):
+            raise ValueError("0 asks for no text at all; it needs echo: true")
+        return value
+
+    @property
+    def budget(self) -> int:
+        """The tokens asked for: `max_tokens`, 16 when null (OpenAI's legacy default)."""
+        return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def prompt_scores(self) -> int | None:
+        """The k of the prompt's own logprobs the engine computes: `prompt_logprobs`, or
+        `logprobs` when the prompt is echoed with logprobs (as OpenAI scores it then)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
     @model_validator(mode="after")
     def _bounded(self) -> CompletionRequest:

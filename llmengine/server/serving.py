@@ -28,7 +28,6 @@ from llmengine.server.choices import ChoiceRun, Delta, TokenLogprob
 from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull, RequestFailed
 from llmengine.server.errors import APIError, bad_request
 from llmengine.server.protocol import (
-    DEFAULT_COMPLETION_TOKENS,
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
@@ -64,7 +63,7 @@ def completion_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
     return {
         "tokens": [t.token for t in tokens],
         "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [dict(t.top) for t in tokens],
+        "top_logprobs": [None if t.top is None else dict(t.top) for t in tokens],
         "text_offset": [t.offset for t in tokens],
     }
 
@@ -77,7 +76,7 @@ def chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
 
     return {
         "content": [
-            {**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top]}
+            {**entry(t.token, t.logprob), "top_logprobs": [entry(*alt) for alt in t.top or []]}
             for t in tokens
         ]
     }
@@ -147,7 +146,12 @@ class Serving:
             )
 
     def sampling(
-        self, body: SamplingFields, prompts: list[list[int]], max_tokens: list[int], k: int | None
+        self,
+        body: SamplingFields,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        k: int | None,
+        prompt_k: int | None = None,
     ) -> tuple[list[list[int]], list[SamplingParams]]:
         """One engine prompt and one SamplingParams per choice, in choice order."""
         self.check_token_fields(body)
@@ -158,19 +162,25 @@ class Serving:
                 self.check_length(prompt, budget)
                 for sample in range(body.n):
                     engine_prompts.append(prompt)
-                    params.append(body.sampling_params(budget, sample, k))
+                    params.append(body.sampling_params(budget, sample, k, prompt_k))
         except ValueError as error:
             raise bad_request(str(error)) from None
         return engine_prompts, params
 
     async def start(
-        self, body: SamplingFields, prompts: list[list[int]], params: list[SamplingParams]
+        self,
+        body: SamplingFields,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        echo: list[str] | None = None,
+        only_prompt: bool = False,
     ) -> ChoiceRun:
         """Add the choices to the engine; the engine's refusals become HTTP errors."""
         try:
             return await ChoiceRun.start(
-                self.engine_loop, self.tokenizer, prompts, params, body.stop_strings
-            )
+                self.engine_loop, self.tokenizer, prompts, params, body.stop_strings,
+                echo, only_prompt,
+            )  # fmt: skip
         except QueueFull as error:
             raise APIError(
                 429, str(error), type="rate_limit_error", code="queue_full",
@@ -187,21 +197,32 @@ class Serving:
         self.check_model(body.model)
         # Tokenising up to MAX_CHOICES texts is CPU work: off the event loop, so that
         # /health and the other clients' streams do not wait for it.
-        prompts = await asyncio.to_thread(lambda: [self._encode(p) for p in body.prompts()])
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
+        texts = body.prompts()
+        prompts = await asyncio.to_thread(lambda: [self._encode(p) for p in texts])
+        # max_tokens 0 (with echo) still runs the prefill, which samples one token: dropped.
+        budget = max(body.budget, 1)
         engine_prompts, params = self.sampling(
-            body, prompts, [max_tokens] * len(prompts), body.logprobs
+            body, prompts, [budget] * len(prompts), body.logprobs, body.prompt_scores
         )
-        run = await self.start(body, engine_prompts, params)
+        echo = None
+        if body.echo:
+            echoed = await asyncio.to_thread(lambda: [self._decode(p) for p in texts])
+            echo = [text for text in echoed for _ in range(body.n)]
+        run = await self.start(body, engine_prompts, params, echo, body.budget == 0)
         shaper = _Shaper("cmpl", "text_completion", self.served_model_name)
 
         def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
-            return {
+            shaped = {
                 "index": delta.index,
                 "text": text,
                 "logprobs": None if logprobs is None else completion_logprobs(logprobs),
                 "finish_reason": delta.finish_reason,
             }
+            if body.prompt_logprobs is not None and delta.finish_reason is not None:
+                shaped["prompt_logprobs"] = self._vllm_prompt_logprobs(
+                    engine_prompts[delta.index], run.prompt_logprobs(delta.index)
+                )
+            return shaped
 
         prompt_tokens = sum(len(prompt) for prompt in prompts)
         with_logprobs = body.logprobs is not None
@@ -254,6 +275,27 @@ class Serving:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt))
         return prompt
+
+    def _decode(self, prompt: str | list[int]) -> str:
+        """A prompt as its echo shows it: the text given, or what the token ids decode to
+        (special tokens left out, as in generated text and in the logprobs' offsets)."""
+        if isinstance(prompt, str):
+            return prompt
+        return self.tokenizer.decode(prompt, skip_special_tokens=True)
+
+    def _vllm_prompt_logprobs(self, prompt: list[int], scores: list[Any]) -> list[Any]:
+        """vLLM's `prompt_logprobs`: None for the first token, then per token a map from
+        token id (a string) to its logprob and text, the prompt's token and its top k."""
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = self.tokenizer.decode([token], skip_special_tokens=False)
+            return {"logprob": logprob, "decoded_token": text}
+
+        shaped: list[Any] = [None]
+        for token, score in zip(prompt[1:], scores, strict=True):
+            alternatives = {str(t): entry(t, float(lp)) for t, lp in score.top}
+            shaped.append({str(token): entry(token, float(score.logprob)), **alternatives})
+        return shaped
 
 
 ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], dict]
