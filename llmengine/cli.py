@@ -515,6 +515,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         max_waiting=args.max_waiting,
         chat_template=chat_template_of(folder, tokenizer),
+        allowed_origins=args.allowed_origins,
     )
     return serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
 
@@ -595,6 +596,11 @@ def add_serve(subparsers: Subparsers) -> None:
         help="require `Authorization: Bearer KEY` on /v1. Prefer $LLMENGINE_API_KEY: a key "
         "on the command line is visible to every user in the process list (default: "
         "$LLMENGINE_API_KEY, or no key)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+        help="web origins (https://example.org, or *) whose pages may call the API from a "
+        "browser (CORS); none by default",
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=_non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",

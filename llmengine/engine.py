@@ -398,6 +398,7 @@ class Engine:
             forward_tokens=sum(row.num_positions for row in rows),
             recomputed_tokens=sum(row.recomputed for row in rows),
             cached_tokens=sum(row.cached for row in rows),
+            cached_prefix={row.request.request_id: row.cached for row in rows if row.cached},
             num_slots=self.num_slots,
             num_blocks=self.num_blocks,
             block_size=self.block_size,

@@ -65,6 +65,8 @@ class IterationOutcome:
     `prompt_logprobs` has, for each request with `prompt_logprobs` whose prefill computed
     prompt positions, the logprobs of the prompt tokens they score, in prompt order (token 1
     on; a chunked prefill reports its prompt chunk by chunk).
+    `cached_prefix` gives, for each request admitted with prefix-cache hits, how many of its
+    leading tokens the cache served (what `cached_tokens` sums).
     `failed` names the requests this step could not serve, with why (logits that were not
     finite): each got no token and is aborted, while the other rows went on as usual.
     """
@@ -75,6 +77,7 @@ class IterationOutcome:
     finished: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
+    cached_prefix: dict[int, int] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     swapped_out: list[int] = field(default_factory=list)
     swapped_in: list[int] = field(default_factory=list)

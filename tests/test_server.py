@@ -92,6 +92,7 @@ def test_include_usage_adds_a_last_chunk_with_only_the_usage(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 6,
         "total_tokens": prompt_tokens + 6,
+        "prompt_tokens_details": {"cached_tokens": 0},  # no prefix caching on this server
     }
     assert all(chunk["usage"] is None and len(chunk["choices"]) == 1 for chunk in chunks)
     assert all("usage" not in chunk for chunk in stream_completion(server, body))

@@ -9,6 +9,8 @@ A shutdown drains first (`Drain`, begun by the runner when SIGTERM or SIGINT arr
 shutdown timeout to finish, and those still running then end with an error (an OpenAI error
 event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body.
 
+With `allowed_origins`, CORS headers let the pages of those origins call the API from a
+browser (preflights are answered before the key is checked: a browser sends none with them).
 Two checks run before any route, as plain ASGI middleware: with an API key, every `/v1`
 request needs `Authorization: Bearer KEY` (compared in constant time) or gets 401, while
 `/health` and `/metrics` stay open; and a body over `max_body_bytes` gets 413, whether its
@@ -20,11 +22,12 @@ from __future__ import annotations
 
 import hmac
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,14 +53,17 @@ def create_app(
     max_waiting: int = MAX_WAITING,
     max_body_bytes: int = MAX_BODY_BYTES,
     chat_template: str | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
 
     `max_waiting`: the most engine requests left waiting for a slot once the free ones are
     taken (each of a request's `n` samples counts); a request that would pass it gets 429.
     `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
-    plain one. The app owns the engine from its startup to its shutdown: nothing else may
-    step it meanwhile. `app.state.engine_loop` and `app.state.metrics` are there to inspect.
+    plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`) whose pages
+    may call the API from a browser (CORS); none by default. The app owns the engine from its
+    startup to its shutdown: nothing else may step it meanwhile. `app.state.engine_loop`,
+    `app.state.metrics` and `app.state.drain` are there to inspect.
     """
     metrics = ServerMetrics()
     engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
@@ -88,16 +94,22 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat_completions(body, request.receive)
 
+    card = {
+        "id": served_model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "llmengine",
+        "max_model_len": serving.max_model_len,
+    }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": served_model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "llmengine",
-            "max_model_len": serving.max_model_len,
-        }
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        serving.check_model(model_id)  # 404 for any other name
+        return card
 
     @app.get("/health", response_model=None)
     async def health() -> Response:
@@ -114,7 +126,14 @@ def create_app(
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(RefuseWhileDraining, drain=drain)
     if api_key:
-        app.add_middleware(RequireKey, api_key=api_key)  # added last: runs first
+        app.add_middleware(RequireKey, api_key=api_key)
+    if allowed_origins:  # added last, so it runs first: a browser's preflight carries no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     return app
 
 

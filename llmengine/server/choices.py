@@ -103,6 +103,7 @@ class ChoiceRun:
         self._live = set(ids)
         self._token_text = _TokenTexts(tokenizer)
         self.completion_tokens = 0
+        self.cached_tokens = [0] * len(ids)  # by choice: prompt tokens the prefix cache served
 
     @classmethod
     async def start(
@@ -143,6 +144,8 @@ class ChoiceRun:
             if event.request_id not in self._live:
                 continue  # a token already on its way when a stop string ended the choice
             choice = self._choices[event.request_id]
+            if isinstance(event, TokenEvent):
+                self.cached_tokens[choice.index] = event.cached_tokens
             if isinstance(event, PromptEvent):
                 choice.prompt_logprobs.extend(event.logprobs)
                 if (delta := self._echo(event.request_id, choice)) is not None:

@@ -51,6 +51,7 @@ class TokenEvent:
     token_id: int
     logprobs: Any = None  # llmengine.outcome.TokenLogprobs when the request asked for them
     finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served when it was first admitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class _Sink:
     events: asyncio.Queue
     added_at: float
     last_token_at: float | None = None
+    cached_tokens: int | None = None  # set when first admitted
 
     def put(self, event: TokenEvent | PromptEvent | Exception) -> None:
         # RuntimeError: that event loop is closed, so nobody is listening any more.
@@ -290,6 +292,10 @@ class EngineLoop:
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
         self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
         finished = set(outcome.finished)
+        for request_id in outcome.admitted:
+            sink = self._sinks.get(request_id)
+            if sink is not None and sink.cached_tokens is None:
+                sink.cached_tokens = outcome.cached_prefix.get(request_id, 0)
         for request_id, entries in outcome.prompt_logprobs.items():
             if (sink := self._sinks.get(request_id)) is not None:
                 sink.put(PromptEvent(request_id, entries))
@@ -325,7 +331,9 @@ class EngineLoop:
         reason = None
         if request_id in finished:
             reason = self.engine.request(request_id).finish_reason
-        sink.put(TokenEvent(request_id, token_id, outcome.logprobs.get(request_id), reason))
+        logprobs = outcome.logprobs.get(request_id)
+        cached = sink.cached_tokens or 0
+        sink.put(TokenEvent(request_id, token_id, logprobs, reason, cached))
 
     def _fail(self, request_id: int, error: Exception) -> None:
         """Tell one request's client `error` and end the request (aborted if it still runs)."""

@@ -50,11 +50,15 @@ def server_error(error: EngineStopped | RequestFailed) -> APIError:
     return APIError(status, str(error), type="server_error")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, run: ChoiceRun, n: int) -> dict[str, Any]:
+    """OpenAI's usage: tokens in and out, and how many prompt tokens the prefix cache served
+    (counted once per prompt, from its first sample: the others share its blocks)."""
+    cached = sum(run.cached_tokens[::n])
     return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": run.completion_tokens,
+        "total_tokens": prompt_tokens + run.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 
@@ -229,7 +233,7 @@ class Serving:
         if body.stream:
             chunks = _stream(run, shaper, body, prompt_tokens, choice, with_logprobs)
             return EventStreamResponse(chunks, run.close)
-        return await _collect(run, shaper, receive, prompt_tokens, choice, with_logprobs)
+        return await _collect(run, shaper, receive, prompt_tokens, choice, with_logprobs, body.n)
 
     async def chat_completions(self, body: ChatCompletionRequest, receive: Receive) -> Response:
         self.check_model(body.model)
@@ -269,7 +273,7 @@ class Serving:
         if body.stream:
             chunks = _stream(run, shaper, body, len(prompt), choice, body.logprobs, chat=True)
             return EventStreamResponse(chunks, run.close)
-        return await _collect(run, shaper, receive, len(prompt), choice, body.logprobs)
+        return await _collect(run, shaper, receive, len(prompt), choice, body.logprobs, body.n)
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -322,6 +326,7 @@ async def _collect(
     prompt_tokens: int,
     choice: ChoiceShape,
     with_logprobs: bool,
+    n: int,
 ) -> Response:
     """The whole response at once; a client gone meanwhile gets its requests aborted."""
     texts = [""] * run.num_choices
@@ -348,7 +353,7 @@ async def _collect(
         choice(end, texts[end.index], logprobs[end.index] if with_logprobs else None)
         for end in ends
     ]
-    body = shaper.wrap(choices, usage=usage(prompt_tokens, run.completion_tokens))
+    body = shaper.wrap(choices, usage=usage(prompt_tokens, run, n))
     return JSONResponse(body)
 
 
@@ -377,4 +382,4 @@ async def _stream(
         yield sse_event(server_error(error).body())
         return
     if body.include_usage:
-        yield sse_event(shaper.wrap([], usage=usage(prompt_tokens, run.completion_tokens)))
+        yield sse_event(shaper.wrap([], usage=usage(prompt_tokens, run, body.n)))
