@@ -36,6 +36,7 @@ from llmengine.server.chat import ChatFormatter
 from llmengine.server.engine_loop import EngineLoop
 from llmengine.server.errors import APIError, install_error_handlers
 from llmengine.server.metrics import ServerMetrics
+from llmengine.server.openapi import describe
 from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmengine.server.serving import Serving
 
@@ -79,7 +80,7 @@ def create_app(
             drain.cancel()
             engine_loop.stop()
 
-    app = FastAPI(title="llmengine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="llmengine", lifespan=lifespan, redoc_url=None)  # /docs: Swagger UI
     drain = Drain(engine_loop)
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
@@ -123,6 +124,7 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    describe(app, api_key=bool(api_key))
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(RefuseWhileDraining, drain=drain)
     if api_key:
