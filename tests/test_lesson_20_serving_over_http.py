@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 
 import pytest
-from report_tables import read_report_table
+from report_tables import REPORTS, read_report_table
 from server_helpers import MODEL_NAME, served
 
 import llmengine
@@ -84,3 +84,20 @@ def test_lesson_burst_on_a_cramped_live_server_gets_offline_texts(model, tokeniz
     if options:  # reserve admits a request only when its worst case fits: never a preemption
         assert metrics["llmengine_preemptions_total"] == 0
     assert server.exit_code == [0]
+
+
+def test_hostile_input_table_is_what_the_server_answers(model, tokenizer) -> None:
+    """The lesson's abuse table, recomputed against an in-process server of the same model
+    and name, row for row; and every refusal is a 4xx with OpenAI's error object."""
+    from llmengine.lessons.artifacts import markdown_table
+    from llmengine.lessons.hostile import answers, hostile_requests
+    from llmengine.server import create_app, serve_in_thread
+
+    name = "tiny-shakespeare"  # the lesson's --served-model-name
+    engine = llmengine.Engine(model, num_blocks=256, block_size=BLOCK_SIZE, num_slots=8)
+    with serve_in_thread(create_app(engine, tokenizer, served_model_name=name)) as url:
+        rows = answers(url, hostile_requests(name))
+    assert [row[1] for row in rows[:-1]] == [400, 413, *[400] * 8, 404, 400]
+    assert rows[-1][1] == 200  # echo with max_tokens 0 is a normal request
+    table = markdown_table(rows, ["request", "status", "field", "message"])
+    assert table.strip() == (REPORTS / "http-hostile-input.md").read_text().strip()

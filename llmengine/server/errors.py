@@ -70,7 +70,9 @@ def from_validation(error: RequestValidationError) -> APIError:
         place = ".".join(str(part) for part in location)
         return bad_request(f"{place}: this server does not support this field", param=param)
     prefix = f"{param}: " if param else "the body: "
-    return bad_request(f"{prefix}{first.get('msg', 'invalid value')}", param=param)
+    # pydantic prefixes a validator's own message with "Value error, ": drop it.
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return bad_request(f"{prefix}{message}", param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:

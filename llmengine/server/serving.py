@@ -130,7 +130,7 @@ class Serving:
         for token in body.stop_token_ids or ():
             if token >= vocab:
                 raise bad_request(
-                    f"stop_token_ids: {token} is not a token of this model's {vocab}",
+                    f"stop_token_ids: {token} is not one of this model's {vocab} token ids",
                     param="stop_token_ids",
                 )
         if body.top_k is not None and body.top_k > vocab:
