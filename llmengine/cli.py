@@ -221,6 +221,14 @@ _non_negative_float = _number_type(
 )
 
 
+def _origins(text: str) -> list[str]:
+    """An argparse type: comma-separated web origins, e.g. https://a.example,https://b.example."""
+    origins = [origin.strip() for origin in text.split(",") if origin.strip()]
+    if not origins:
+        raise argparse.ArgumentTypeError(f"expected one or more origins, got {text!r}")
+    return origins
+
+
 def _pool_sizes(text: str) -> list[int]:
     """An argparse type: comma-separated pool sizes in blocks, e.g. 48,32,24."""
     return [_positive_int(part.strip()) for part in text.split(",")]
@@ -598,9 +606,9 @@ def add_serve(subparsers: Subparsers) -> None:
         "$LLMENGINE_API_KEY, or no key)",
     )  # fmt: skip
     parser.add_argument(
-        "--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
-        help="web origins (https://example.org, or *) whose pages may call the API from a "
-        "browser (CORS); none by default",
+        "--allowed-origins", type=_origins, action="extend", default=[], metavar="ORIGINS",
+        help="comma-separated web origins (https://example.org, or *) whose pages may call "
+        "the API from a browser (CORS); none by default",
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=_non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",

@@ -77,3 +77,16 @@ def test_serve_answers_then_exits_cleanly_on_sigterm() -> None:
     assert server.returncode == 0, output
     assert "Application shutdown complete" in output
     assert KEY not in output
+
+
+def test_allowed_origins_are_comma_separated_and_may_repeat() -> None:
+    from llmengine.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["serve", "--allowed-origins", "https://a.example, https://b.example",
+         "--allowed-origins", "*"]
+    )  # fmt: skip
+    assert args.allowed_origins == ["https://a.example", "https://b.example", "*"]
+    assert parser.parse_args(["serve"]).allowed_origins == []
+    assert parser.parse_args(["serve", "--shutdown-timeout", "0"]).shutdown_timeout == 0
