@@ -276,8 +276,8 @@ class DecodeGraphs:
             self.compile_seconds[bucket] = time.perf_counter() - start
             eager = graph = float("inf")
             for _ in range(3):  # interleaved: a neighbour's burst of load hits both alike
-                eager = min(eager, _best_ms(lambda: paged_forward(model, self.cache, rows), 3))
-                graph = min(graph, _best_ms(lambda: self(rows), 3))
+                eager = min(eager, best_ms(lambda: paged_forward(model, self.cache, rows), 3))
+                graph = min(graph, best_ms(lambda: self(rows), 3))
         self.step_ms[bucket] = (eager, graph)
         # CUDA launches asynchronously, so these timings would not mean much there; its
         # graphs are kept (replaying a CUDA graph is what wins on a GPU).
@@ -301,7 +301,7 @@ class DecodeGraphs:
         return logits[: len(rows)]
 
 
-def _best_ms(step: Callable[[], object], repeats: int = 5) -> float:
+def best_ms(step: Callable[[], object], repeats: int = 5) -> float:
     """Fastest of `repeats` calls, in milliseconds (the machine is shared: the minimum is the
     least disturbed)."""
     step()  # the first call warms caches and allocators; it is not timed

@@ -76,7 +76,7 @@ def load(name: str) -> torch.nn.Module:
 
 def worker(args: argparse.Namespace) -> dict[str, object]:
     """One process: build the graphs, and time them against eager when `args.time`."""
-    from llmengine.decode_graph import CPU_OPTIONS, DecodeGraphs, _best_ms
+    from llmengine.decode_graph import CPU_OPTIONS, DecodeGraphs, best_ms
     from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 
     torch.set_num_threads(args.threads)  # before compiling: inductor bakes it into its loops
@@ -102,8 +102,8 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
                         PagedRow([7], args.context - 1, list(range(i * per_row, (i + 1) * per_row)))
                         for i in range(bucket)
                     ]
-                    eager = _best_ms(lambda rows=rows: paged_forward(model, cache, rows))
-                    graph = _best_ms(lambda rows=rows: graphs(rows))
+                    eager = best_ms(lambda rows=rows: paged_forward(model, cache, rows))
+                    graph = best_ms(lambda rows=rows: graphs(rows))
                     best[bucket] = [min(best[bucket][0], eager), min(best[bucket][1], graph)]
         result["step_ms"] = best
         result["load_after"] = os.getloadavg()
@@ -131,13 +131,6 @@ def loads(values: list[float]) -> str:
     return ", ".join(f"{value:.1f}" for value in values)
 
 
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", default=None)
@@ -154,6 +147,7 @@ def main() -> None:
         args.model = args.worker
         print(json.dumps(worker(args)))
         return
+    from llmengine.bench.throughput import cpu_model
     from llmengine.decode_graph import CPU_OPTIONS
 
     lines = [

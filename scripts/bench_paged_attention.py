@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG
+from llmengine.bench.throughput import cpu_model
 from llmengine.config import LlamaConfig
-from llmengine.decode_graph import block_mask_tensors, paged_block_mask, paged_decode_attention
+from llmengine.decode_graph import (
+    best_ms,
+    block_mask_tensors,
+    paged_block_mask,
+    paged_decode_attention,
+)
 from llmengine.model import grouped_query_attention
 from llmengine.paged_cache import flat_indices
 
@@ -42,16 +45,6 @@ def gathered(q, read, mask, keys, values):
 
 def in_place(q, mask_tensors, keys, values):
     return paged_decode_attention(q, keys, values, paged_block_mask(mask_tensors, keys.shape[0]))
-
-
-def best_ms(call: Callable[[], object], repeats: int = 10) -> float:
-    call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def case(config: LlamaConfig, rows: int, context: int, seed: int = 0) -> dict[str, object]:
@@ -94,18 +87,11 @@ def measure(config: LlamaConfig, rounds: int) -> list[tuple[int, int, float, flo
                     (compiled_gathered, eager_args),
                     (compiled_in_place, flex_args),
                 )
-                times = [best_ms(lambda f=f, a=a: f(*a)) for f, a in calls]
+                times = [best_ms(lambda f=f, a=a: f(*a), 10) for f, a in calls]
                 best = [min(b, t) for b, t in zip(best, times, strict=True)]
             results.append((rows, context, *best))
             print(rows, context, best, flush=True)
     return results
-
-
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def main() -> None:
