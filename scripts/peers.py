@@ -150,17 +150,40 @@ def report(
         "127.0.0.1 and carries that overhead. Each round starts a vLLM worker for vLLM's "
         "rows and stops it before the other engines run, so no engine shares the machine.\n\n"
         + throughput_table(offline)
-        + "\n## Over HTTP, the embedded model\n\n"
-        f"Each server alone on the machine with {plan.HTTP_SLOTS} sequences at once, started "
-        "and stopped by the script; mixed requests streamed by `llmengine bench --url`'s "
-        "client, all at once and as Poisson arrivals. tok/s is output tokens over the run; "
-        "TTFT and TPOT are medians in ms.\n\n"
-        + throughput_table(http, [("TTFT p50 ms", "ttft_p50"), ("TPOT p50 ms", "tpot_p50")])
+        + (http_section(http) if http else "\n(No HTTP rows: this run was `--no-http`.)\n")
         + "\n## Same greedy tokens?\n\n"
         f"The first {plan.GREEDY_PROMPTS} prompts of the mixed burst, {plan.GREEDY_TOKENS} greedy "
         "tokens each, every peer's token ids against llmengine's. Random weights make near "
         "ties in the argmax, which a different order of float32 sums can flip.\n\n" + greedy_rows
     )
+
+
+def http_section(http: list[results.Row]) -> str:
+    return (
+        "\n## Over HTTP, the embedded model\n\n"
+        f"Each server alone on the machine with {plan.HTTP_SLOTS} sequences at once, started "
+        "and stopped by the script; mixed requests streamed by `llmengine bench --url`'s "
+        "client, all at once and as Poisson arrivals. tok/s is output tokens over the run; "
+        "TTFT and TPOT are medians in ms.\n\n"
+        + throughput_table(http, [("TTFT p50 ms", "ttft_p50"), ("TPOT p50 ms", "tpot_p50")])
+    )
+
+
+def over_http(
+    args: argparse.Namespace, peers: Peers, cache: Path, settings: Settings
+) -> list[Measurement]:
+    """The embedded model's HTTP workloads through each peer's server, in rounds."""
+    embedded = llmengine.embedded_model_path()
+    print("embedded model: over HTTP", flush=True)
+    requests = plan.QUICK_HTTP_REQUESTS if args.quick else plan.HTTP_REQUESTS
+    vocab = llmengine.load_model(embedded).config.vocab_size
+    workloads = plan.http_workloads(requests, vocab, plan.POISSON_RATES)
+    rates = {f"Poisson {rate:g}/s": rate for rate in plan.POISSON_RATES}
+    gguf = gguf_of(peers, plan.EMBEDDED, embedded, cache)
+    table = rounds.http_servers(
+        peers, embedded, gguf, args.threads, sys.executable, args.decode_graph
+    )
+    return rounds.http_rounds(plan.EMBEDDED, table, workloads, rates, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and requests")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3, quick 1)")
+    parser.add_argument(
+        "--no-http", action="store_true", help="offline rows only (the report's name says so)"
+    )
     parser.add_argument(
         "--decode-graph",
         action="store_true",
@@ -209,23 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         gguf = gguf_of(peers, name, folder, cache)
         greedy[name] = {}
         measurements += rounds.offline(name, folder, gguf, peers, settings, greedy[name])
-    embedded = llmengine.embedded_model_path()
-    print("embedded model: over HTTP", flush=True)
-    requests = plan.QUICK_HTTP_REQUESTS if args.quick else plan.HTTP_REQUESTS
-    vocab = llmengine.load_model(embedded).config.vocab_size
-    workloads = plan.http_workloads(requests, vocab, plan.POISSON_RATES)
-    rates = {f"Poisson {rate:g}/s": rate for rate in plan.POISSON_RATES}
-    gguf = gguf_of(peers, plan.EMBEDDED, embedded, cache)
-    table = rounds.http_servers(
-        peers, embedded, gguf, args.threads, sys.executable, args.decode_graph
-    )
-    measurements += rounds.http_rounds(plan.EMBEDDED, table, workloads, rates, settings)
+    if not args.no_http:
+        measurements += over_http(args, peers, cache, settings)
 
     rows = results.aggregate(measurements)
     text = report(
         header(args, peers, argv), rows, greedy_table(greedy), time.perf_counter() - start, settings
     )
-    name = f"{REPORT}-decode-graph" if args.decode_graph else REPORT
+    name = REPORT + ("-decode-graph" if args.decode_graph else "")
+    name += "-offline" if args.no_http else ""
     print(f"wrote {write_report(name, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
     title = f"{cpu}, {args.threads} threads, float32 (median of {settings.rounds} round(s))"
