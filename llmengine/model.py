@@ -238,16 +238,6 @@ class Llama(nn.Module):
             groups += [attention.qkv, attention.output_projection, mlp.gate_up, mlp.down]
         return groups
 
-    def fuse_projections(self) -> Llama:
-        """Compute Q, K and V as one matrix product, and gate and up as another, in every layer.
-
-        Parameter names and values are unchanged (the separate weights become views of the
-        fused ones). Returns the model.
-        """
-        for group in self.linear_groups():
-            group.fuse()
-        return self
-
     def prepare_kernels(self, kernels: str = "measured", quantization: str | None = None) -> Llama:
         """Fuse, then give every matrix product its kernel for each row count
         (`LinearGroup.prepare_kernels`: `"measured"`, `"packed"` or `"eager"`), or with

@@ -260,8 +260,8 @@ def paged_forward(
     `steps` replaces the layers' position-wise halves (compiled ones, say); None runs eager.
     `logits_at` asks for logits at other new positions instead, by index into the rows' new
     tokens packed in order (row 0's, then row 1's, ...): `[len(logits_at), vocab]`.
-    Computes `positions_computed(rows)` positions (pad excluded) and leaves their K/V in the
-    cache, so the next call for a row starts at `start_position + len(token_ids)`.
+    Computes every new token's position (no pad) and leaves its K/V in the cache, so the next
+    call for a row starts at `start_position + len(token_ids)`.
     """
     if not rows:
         raise ValueError("paged_forward needs at least one row")
@@ -273,8 +273,3 @@ def paged_forward(
     if logits_at is None:
         return model.compute_logits(hidden[0, attention.last_new])
     return model.compute_logits(hidden[0, torch.tensor(logits_at, device=cache.device)])
-
-
-def positions_computed(rows: list[PagedRow]) -> int:
-    """Positions a `paged_forward` over `rows` computes: the new tokens, pad excluded."""
-    return sum(len(row.token_ids) for row in rows)

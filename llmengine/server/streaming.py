@@ -2,8 +2,8 @@
 
 A client that disconnects must have its requests aborted at once, not when its last token
 would have been sent. Both helpers watch the ASGI `receive` channel for `http.disconnect`
-while the work runs, and cancel the work when it arrives: the cancellation reaches the
-`generate_choices` generator, whose clean-up aborts the engine requests.
+while the work runs, and cancel the work when it arrives; the caller's clean-up
+(`ChoiceRun.close`) then aborts the engine requests.
 """
 
 from __future__ import annotations
