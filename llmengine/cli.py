@@ -22,6 +22,7 @@ from llmengine.config import DTYPES
 from llmengine.projections import PREPARATIONS
 from llmengine.quantization import QUANTIZATIONS
 from llmengine.sampling import SamplingParams
+from llmengine.scheduler import POLICIES, PREEMPTION_MODES
 
 if TYPE_CHECKING:
     from llmengine.model import Llama
@@ -430,11 +431,11 @@ def add_bench(subparsers: Subparsers) -> None:
         help="pool sizes in blocks, comma-separated",
     )  # fmt: skip
     local.add_argument(
-        "--policy", choices=("incremental", "reserve"), default=None,
+        "--policy", choices=POLICIES, default=None,
         help="how blocks are bought (default incremental)",
     )  # fmt: skip
     local.add_argument(
-        "--preemption", choices=("recompute", "swap"), default=None,
+        "--preemption", choices=PREEMPTION_MODES, default=None,
         help="what evicting a request does with its K/V: throw it away (default), or copy it "
         "to host memory",
     )  # fmt: skip
@@ -571,8 +572,8 @@ def add_serve(subparsers: Subparsers) -> None:
         "--max-num-seqs", type=_positive_int, default=8, metavar="S",
         help="most requests in one forward (default 8)",
     )  # fmt: skip
-    parser.add_argument("--policy", choices=("incremental", "reserve"), default="incremental")
-    parser.add_argument("--preemption", choices=("recompute", "swap"), default="recompute")
+    parser.add_argument("--policy", choices=POLICIES, default=POLICIES[0])
+    parser.add_argument("--preemption", choices=PREEMPTION_MODES, default=PREEMPTION_MODES[0])
     parser.add_argument(
         "--swap-blocks", type=_non_negative_int, default=0, metavar="N",
         help="host blocks for swapped-out K/V (with --preemption swap; default 0)",

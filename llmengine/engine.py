@@ -166,6 +166,21 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    @property
+    def num_running(self) -> int:
+        """Requests holding a slot (prefilling or decoding)."""
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for a slot: never admitted yet, or preempted by recompute."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_swapped(self) -> int:
+        """Requests whose K/V waits in host memory for a slot."""
+        return len(self.scheduler.swapped)
+
     def request(self, request_id: int) -> Request:
         """The engine's record of a request (prompt, output, state, preemptions)."""
         if request_id not in self._requests:

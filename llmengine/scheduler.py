@@ -62,6 +62,7 @@ from llmengine.blocks import BlockPool, blocks_for_length
 from llmengine.prefix_cache import BlockKey, CachingBlockPool, block_hash
 from llmengine.request import Request, RequestState
 
+# The first of each is the default (`Scheduler`, `Engine` and the command line).
 POLICIES = ("incremental", "reserve")
 PREEMPTION_MODES = ("recompute", "swap")
 

@@ -245,9 +245,9 @@ class EngineLoop:
             return
         if not command.future.set_running_or_notify_cancel():
             return
-        scheduler = self.engine.scheduler
-        queued = len(scheduler.waiting) + len(scheduler.swapped)
-        free = self.engine.num_slots - len(scheduler.running)
+        engine = self.engine
+        queued = engine.num_waiting + engine.num_swapped
+        free = engine.num_slots - engine.num_running
         would_wait = max(queued + len(command.prompts) - free, 0)
         if would_wait > self.max_waiting:
             command.future.set_exception(
@@ -381,8 +381,8 @@ class EngineLoop:
                 command.future.set_exception(EngineStopped("the server is shutting down"))
 
     def _publish(self) -> None:
-        scheduler = self.engine.scheduler
-        self.metrics.requests_running.set(len(scheduler.running))
-        self.metrics.requests_waiting.set(len(scheduler.waiting))
-        self.metrics.requests_swapped.set(len(scheduler.swapped))
-        self.metrics.kv_blocks_free.set(self.engine.num_free_blocks)
+        engine = self.engine
+        self.metrics.requests_running.set(engine.num_running)
+        self.metrics.requests_waiting.set(engine.num_waiting)
+        self.metrics.requests_swapped.set(engine.num_swapped)
+        self.metrics.kv_blocks_free.set(engine.num_free_blocks)
