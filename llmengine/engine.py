@@ -309,10 +309,7 @@ class Engine:
             self.prompt_logprobs.forget(request.request_id)
         for request_id in failed:
             self.abort(request_id)
-        outcome = self._outcome(decision, tokens, finished)
-        outcome.logprobs = logprobs
-        outcome.prompt_logprobs = prompt_logprobs
-        outcome.failed = failed
+        outcome = self._outcome(decision, finished, tokens, logprobs, prompt_logprobs, failed)
         self.iteration += 1
         return outcome
 
@@ -383,9 +380,16 @@ class Engine:
         return tokens, logprobs, failed
 
     def _outcome(
-        self, decision: SchedulerOutput, tokens: dict[int, int], finished: list[Request]
+        self,
+        decision: SchedulerOutput,
+        finished: list[Request],
+        tokens: dict[int, int],
+        logprobs: dict[int, TokenLogprobs],
+        prompt_logprobs: dict[int, list[TokenLogprobs]],
+        failed: dict[int, str],
     ) -> IterationOutcome:
-        """The step as the world sees it, derived from the decision it carried out.
+        """The step as the world sees it, derived from the decision it carried out and what
+        the forward and the sampler made of it.
 
         The pool numbers describe the forward: the blocks held while it ran and the K/V it
         left, finished requests included, whose blocks `update` has already given back.
@@ -395,6 +399,9 @@ class Engine:
         return IterationOutcome(
             iteration=self.iteration,
             tokens=tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            failed=failed,
             finished=[request.request_id for request in finished],
             evicted=[request.request_id for request in decision.preempted],
             swapped_out=[request.request_id for request in decision.swapped_out],

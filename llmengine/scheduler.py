@@ -14,14 +14,14 @@ through `update`. That split is what lets every policy below be tested without a
 - admit: waiting requests in arrival order, under the same rule, once nobody is left in swap,
   while the budget lasts. The head of either queue blocks everyone behind it.
 
-`max_num_batched_tokens` (chunked prefill, issue 12) caps the positions one forward computes.
+`max_num_batched_tokens` (chunked prefill) caps the positions one forward computes.
 Decode rows come first and always fit (the cap is at least `num_slots`, as vLLM requires);
 prefill chunks share what is left, in queue order, so a long prompt is prefilled over several
 steps while the others keep decoding. Only the computation is chunked: a request is admitted
 with the blocks for its whole prompt (or, under "reserve", its worst case), exactly as
 without a cap, and holds its slot and blocks between chunks. At most one request is part way
 through its prefill at any time, and it gets a chunk every step (`_continue_prefills`).
-With no cap (None) every prefill is one chunk, as before.
+With no cap (None) every prefill is one chunk.
 
 `update()` records the sampled tokens and releases at once every request that got its last
 one: its blocks and slot are free before the step that produced that token returns. A row
