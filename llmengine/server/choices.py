@@ -56,7 +56,13 @@ class _Choice:
     """
 
     def __init__(
-        self, index: int, tokenizer: Any, stop: Sequence[str], prompt: list[int], echo: str | None
+        self,
+        index: int,
+        tokenizer: Any,
+        stop: Sequence[str],
+        prompt: list[int],
+        echo: str | None,
+        scores_prompt: bool,
     ) -> None:
         self.index = index
         self.text = TextStream(tokenizer, stop)
@@ -64,6 +70,7 @@ class _Choice:
         self.prompt = prompt
         self.echo = echo
         self.offset_base = 0 if echo is None else len(echo)
+        self.scores_prompt = scores_prompt
         self.prompt_logprobs: list[Any] = []  # llmengine.outcome.TokenLogprobs
         self.echoed = False
 
@@ -93,12 +100,13 @@ class ChoiceRun:
         self._engine_loop = engine_loop
         self._tokenizer = tokenizer
         self._choices = {
-            rid: _Choice(i, tokenizer, stop, list(prompts[i]), None if echo is None else echo[i])
+            rid: _Choice(
+                i, tokenizer, stop, list(prompts[i]), None if echo is None else echo[i],
+                scores_prompt=params[i].prompt_logprobs is not None,
+            )
             for i, rid in enumerate(ids)
-        }
-        self._scores_prompt = {
-            rid: params[i].prompt_logprobs is not None for i, rid in enumerate(ids)
-        }
+        }  # fmt: skip
+        self._by_index = list(self._choices.values())
         self._only_prompt = only_prompt
         self._live = set(ids)
         self._token_text = _TokenTexts(tokenizer)
@@ -124,8 +132,7 @@ class ChoiceRun:
 
     def prompt_logprobs(self, index: int) -> list[Any]:
         """Choice `index`'s prompt scores so far (`TokenLogprobs`, prompt token 1 on)."""
-        choice = next(c for c in self._choices.values() if c.index == index)
-        return choice.prompt_logprobs
+        return self._by_index[index].prompt_logprobs
 
     @property
     def num_choices(self) -> int:
@@ -134,8 +141,8 @@ class ChoiceRun:
     async def deltas(self) -> AsyncIterator[Delta]:
         """New text or an end, choice by choice, in the order the engine made the tokens; an
         echo first, once its prompt is scored (at once when no score is asked for)."""
-        for request_id, choice in self._choices.items():
-            if (delta := self._echo(request_id, choice)) is not None:
+        for choice in self._choices.values():
+            if (delta := self._echo(choice)) is not None:
                 yield delta
         while self._live:
             event = await self._events.get()
@@ -148,7 +155,7 @@ class ChoiceRun:
                 self.cached_tokens[choice.index] = event.cached_tokens
             if isinstance(event, PromptEvent):
                 choice.prompt_logprobs.extend(event.logprobs)
-                if (delta := self._echo(event.request_id, choice)) is not None:
+                if (delta := self._echo(choice)) is not None:
                     yield delta
                 continue
             if self._only_prompt:  # the engine's one token is not part of the answer
@@ -166,16 +173,16 @@ class ChoiceRun:
             if delta.text or delta.finish_reason is not None:
                 yield delta
 
-    def _echo(self, request_id: int, choice: _Choice) -> Delta | None:
+    def _echo(self, choice: _Choice) -> Delta | None:
         """The echo delta of a choice whose prompt is scored as asked, once; else None."""
         if choice.echo is None or choice.echoed:
             return None
         unscored = len(choice.prompt) - 1 - len(choice.prompt_logprobs)
-        if self._scores_prompt[request_id] and unscored > 0:
+        if choice.scores_prompt and unscored > 0:
             return None  # its prompt's scores are still on their way
         choice.echoed = True
         delta = Delta(choice.index, choice.echo)
-        if self._scores_prompt[request_id]:
+        if choice.scores_prompt:
             delta.logprobs = _prompt_entries(
                 choice.prompt, choice.prompt_logprobs, self._tokenizer, self._token_text
             )
@@ -192,14 +199,7 @@ def _advance(choice: _Choice, event: TokenEvent, token_text: _TokenTexts) -> Del
     offset = choice.offset_base + choice.text.decoded_length
     text = choice.text.add(event.token_id)
     if event.logprobs is not None:
-        choice.pending.append(
-            TokenLogprob(
-                token_text(event.token_id),
-                float(event.logprobs.logprob),
-                [(token_text(token), float(logprob)) for token, logprob in event.logprobs.top],
-                offset,
-            )
-        )
+        choice.pending.append(token_text.scored(event.logprobs, offset))
     reason = None
     if choice.text.stopped:
         reason = "stop"
@@ -225,9 +225,7 @@ def _prompt_entries(
         if position == 0:
             entries.append(TokenLogprob(token_text(token), None, None, offset))
             continue
-        score = scores[position - 1]
-        top = [(token_text(t), float(logprob)) for t, logprob in score.top]
-        entries.append(TokenLogprob(token_text(token), float(score.logprob), top, offset))
+        entries.append(token_text.scored(scores[position - 1], offset))
     return entries
 
 
@@ -242,3 +240,8 @@ class _TokenTexts:
         if token_id not in self.cache:
             self.cache[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return self.cache[token_id]
+
+    def scored(self, score: Any, offset: int) -> TokenLogprob:
+        """An engine `TokenLogprobs` (token ids) as the server reports it (token texts)."""
+        top = [(self(token), float(logprob)) for token, logprob in score.top]
+        return TokenLogprob(self(score.token_id), float(score.logprob), top, offset)

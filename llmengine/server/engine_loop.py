@@ -309,8 +309,9 @@ class EngineLoop:
                 logger.exception("delivering request %d's token failed", request_id)
                 self._fail(request_id, RequestFailed(f"delivering a token failed: {error}"))
                 finished.discard(request_id)
-        for request_id, reason in outcome.failed.items():
-            self._fail(request_id, RequestFailed(f"the engine could not go on: {reason}"))
+        for request_id, reason in outcome.failed.items():  # the engine aborted these itself
+            error = RequestFailed(f"the engine could not go on: {reason}")
+            self._fail(request_id, error, abort=False)
         for request_id in finished:
             self._end(request_id, abort=False)
 
@@ -335,18 +336,13 @@ class EngineLoop:
         cached = sink.cached_tokens or 0
         sink.put(TokenEvent(request_id, token_id, logprobs, reason, cached))
 
-    def _fail(self, request_id: int, error: Exception) -> None:
-        """Tell one request's client `error` and end the request (aborted if it still runs)."""
+    def _fail(self, request_id: int, error: Exception, *, abort: bool = True) -> None:
+        """Tell one request's client `error` and end the request, aborting it unless the
+        engine already has."""
         sink = self._sinks.get(request_id)
         if sink is not None:
             sink.put(error)
-        try:
-            self._end(request_id, abort=True, reason="error")
-        except (KeyError, ValueError):  # already aborted by the engine: just forget it
-            self._sinks.pop(request_id, None)
-            with contextlib.suppress(KeyError, ValueError):
-                self.engine.release(request_id)
-            self.metrics.requests_finished.labels("error").inc()
+        self._end(request_id, abort=abort, reason="error")
 
     def _end(self, request_id: int, *, abort: bool, reason: str = "abort") -> None:
         """Forget a request: abort it if asked (False for a finished one), release its record.

@@ -198,11 +198,7 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _bounded(self) -> CompletionRequest:
-        count = (
-            1
-            if isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
-            else len(self.prompt)
-        )
+        count = len(self.prompts())
         if count * self.n > MAX_CHOICES:
             raise ValueError(
                 f"{count} prompts x n={self.n} is {count * self.n} choices; "
