@@ -328,7 +328,7 @@ class Engine:
         if plan is None:
             return paged_forward(self.model, self.cache, rows, self.layer_steps), {}
         logits = paged_forward(self.model, self.cache, rows, self.layer_steps, plan.logits_at)
-        sampling, owed = plan.split(logits, len(rows))
+        sampling, owed = plan.split(logits)
         return sampling, self.prompt_logprobs.score(plan, owed)
 
     def _decode_bucket(self, rows: list[ScheduledRow]) -> int | None:

@@ -29,8 +29,9 @@ class LogitsPlan:
     logits_at: list[int]
     owed: list[tuple[Request, int]]  # (request, prompt token) for each extra position, in order
 
-    def split(self, logits: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampling logits `[num_rows, vocab]` and the prompt logprobs' logits."""
+    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampling logits `[rows, vocab]` and the prompt logprobs' logits."""
+        num_rows = len(self.logits_at) - len(self.owed)
         return logits[:num_rows], logits[num_rows:]
 
 

@@ -123,9 +123,12 @@ def _llmengine_runner(
     engine for them all, built (its graphs compiled, minutes) before anything is timed."""
     if not decode_graph:
         return lambda workload: throughput.run_llmengine(model, workload)
-    blocks = max(throughput.pool_blocks(workload, 16) for workload in named.values())
+    block_size = 16  # as run_llmengine's engines
+    blocks = max(throughput.pool_blocks(workload, block_size) for workload in named.values())
     print(f"  compiling the decode graph for {slots} slots", flush=True)
-    engine = Engine(model, num_blocks=blocks, num_slots=slots, decode_graph=True)
+    engine = Engine(
+        model, num_blocks=blocks, block_size=block_size, num_slots=slots, decode_graph=True
+    )
     return lambda workload: throughput.run_on_engine(engine, workload)
 
 
