@@ -12,8 +12,8 @@ positions, each group as a `[rows, new]` query batch: all rows when every row co
 number (the packed sequence is then that batch, read without a copy), else the decode rows
 together and every prefill row alone, so no decode query is padded to a prefill's length. A
 group reads its rows' K/V position by position through flat indices, as `[rows, longest end]`
-keys (reading whole blocks instead was measured slower: it copies the unused tail of every
-last block too); a mask hides the keys past each query's position.
+keys (reading whole blocks instead is slower: it copies the unused tail of every last block
+too); a mask hides the keys past each query's position.
 """
 
 from __future__ import annotations

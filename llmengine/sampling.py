@@ -55,7 +55,7 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, history: Histo
     it and a negative one multiplied, so either way the token becomes less likely. Frequency
     and presence penalties look at the output only, as in OpenAI's API: each subtracts from a
     generated token's logit, once per occurrence or once at all. Rows with no penalty are
-    returned unchanged, so they sample exactly as before.
+    returned unchanged, so they sample exactly as rows without penalties do.
     """
     if not params.has_penalties:
         return logits

@@ -39,14 +39,14 @@ BENCH_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 BENCH_CONFIG = LlamaConfig.from_dict({"model_type": "llama", **BENCH_SHAPE}, source="BENCH_SHAPE")
-# The held-out shape of issue 13: the same layers with a 2048-token vocabulary (~25M
-# parameters), so that the output head weighs less against the layers.
+# The held-out shape: the same layers with a 2048-token vocabulary (~25M parameters), a
+# shape nobody tuned for, whose output head weighs less against the layers.
 HELD_OUT_SHAPE: dict[str, Any] = {**BENCH_SHAPE, "vocab_size": 2048}
 HELD_OUT_CONFIG = LlamaConfig.from_dict(
     {"model_type": "llama", **HELD_OUT_SHAPE}, source="HELD_OUT_SHAPE"
 )
-# The ~100M shape of issue 20: a Llama-2-sized vocabulary (whose output head is a quarter of
-# the weights), tied embeddings, three query heads to each KV head.
+# A ~100M shape: a Llama-2-sized vocabulary (whose output head is a quarter of the
+# weights), tied embeddings, three query heads to each KV head.
 SHAPE_100M: dict[str, Any] = {
     "vocab_size": 32000,
     "hidden_size": 768,

@@ -25,7 +25,7 @@ LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
 
 def latency_summary(seconds: Sequence[float]) -> dict[str, float | None]:
-    """Mean and percentiles in milliseconds; every value None when nothing was measured."""
+    """Mean and percentiles in milliseconds; every value None when there are no samples."""
     if not seconds:
         return {"mean": None, **{f"p{q}": None for q in PERCENTILES}}
     millis = [1000 * value for value in seconds]

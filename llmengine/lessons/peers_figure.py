@@ -2,7 +2,7 @@
 
 `scripts/peers.py` renders its rows here; lesson 24 reads the committed
 `reports/wallclock/peers.md` back (`read_report`) and draws the same figure from it, labelled
-with the machine the report was measured on, without building or running any peer.
+with the machine the report names, without building or running any peer.
 """
 
 from __future__ import annotations
