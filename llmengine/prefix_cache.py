@@ -60,7 +60,7 @@ class BlockKey:
         return f"BlockKey(depth={self.depth}, hash={self._hash}, tokens={self.tokens})"
 
 
-def block_hash(parent: BlockKey | None, token_ids: Sequence[int]) -> BlockKey:
+def block_key(parent: BlockKey | None, token_ids: Sequence[int]) -> BlockKey:
     """The key of a full block holding `token_ids`, after the block keyed `parent` (or first)."""
     tokens = tuple(map(operator.index, token_ids))
     if not tokens:
@@ -75,7 +75,7 @@ def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[BlockKey]:
     keys: list[BlockKey] = []
     parent: BlockKey | None = None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = block_hash(parent, token_ids[start : start + block_size])
+        parent = block_key(parent, token_ids[start : start + block_size])
         keys.append(parent)
     return keys
 
@@ -90,8 +90,7 @@ class CachingBlockPool:
     left. `free` appends blocks to the eviction order in the order given, so a caller that frees
     a block table back to front has the tail blocks evicted before the prefix others share.
 
-    `queries` and `hits` count the keys `lookup` was asked about and found; `evictions` the
-    cached blocks `allocate` reused.
+    `evictions` counts the cached blocks `allocate` has handed out again, their keys forgotten.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -103,8 +102,6 @@ class CachingBlockPool:
         self._refcount: dict[int, int] = {}
         self._key_of: dict[int, BlockKey] = {}
         self._block_of: dict[BlockKey, int] = {}
-        self.queries = 0
-        self.hits = 0
         self.evictions = 0
 
     # -- sizes -------------------------------------------------------------------------
@@ -113,16 +110,6 @@ class CachingBlockPool:
     def num_free(self) -> int:
         """Blocks `allocate` can hand out: truly free plus evictable cached ones."""
         return len(self._free) + len(self._evictable)
-
-    @property
-    def num_cached_free(self) -> int:
-        """Evictable blocks: cached, held by nobody, reusable by `take` until evicted."""
-        return len(self._evictable)
-
-    @property
-    def num_cached(self) -> int:
-        """Blocks with a key, held or evictable."""
-        return len(self._key_of)
 
     @property
     def num_held(self) -> int:
@@ -217,7 +204,7 @@ class CachingBlockPool:
         """The cached blocks (held or evictable) of the longest leading run of `keys`.
 
         Stops at the first miss: a block's K/V is only usable after all its predecessors'.
-        Changes no block; it adds to `queries` and `hits`.
+        Changes nothing.
         """
         found: list[int] = []
         previous: BlockKey | None = None
@@ -232,8 +219,6 @@ class CachingBlockPool:
                 break
             found.append(block_id)
             previous = key
-        self.queries += len(keys)
-        self.hits += len(found)
         return found
 
     def take(self, block_ids: Sequence[int]) -> None:
@@ -289,3 +274,6 @@ class CachingBlockPool:
                 b for b in set(named) | set(self._refcount) if named[b] != self._refcount.get(b, 0)
             )
             raise AssertionError(f"refcounts disagree with the block tables for blocks {wrong}")
+
+
+block_hash = block_key  # removed once the scheduler calls block_key

@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import pytest
+from pool_helpers import num_evictable, num_keyed
 from server_helpers import MODEL_NAME, served
 
 import llmengine
@@ -214,7 +215,7 @@ def test_blocks_stay_cached_after_everyone_finishes_and_a_new_request_hits_them(
     assert not scheduler.has_unfinished()
     pool = scheduler.pool
     assert pool.num_free == pool.num_blocks and pool.num_held == 0
-    assert pool.num_cached_free > 0 and pool.num_cached_free == pool.num_cached
+    assert num_evictable(pool) > 0 and num_evictable(pool) == num_keyed(pool)
     late = make_request(3, shared + [1], max_tokens=2)
     scheduler.add(late)
     assert row_of(forward.step(), late).cached == 2 * BS
@@ -235,7 +236,7 @@ def test_the_older_finished_request_is_evicted_first_and_a_table_tail_before_its
         assert request.state is RequestState.FINISHED
     older_table, newer_table = cached_run(older), cached_run(newer)
     assert len(older_table) == len(newer_table) == 2
-    assert pool.num_free == pool.num_cached_free == 4  # nothing truly free: allocation evicts
+    assert pool.num_free == num_evictable(pool) == 4  # nothing truly free: allocation evicts
     # Partial prompts, so the newcomers' own blocks are never cached.
     scheduler.add(make_request(2, prompt(300, BS - 1), 1))
     forward.step()
@@ -261,7 +262,7 @@ def test_an_evictable_hit_costs_a_free_block_at_admission() -> None:
             scheduler.add(request)
         forward.step()
         pool = scheduler.pool
-        assert (pool.num_free, pool.num_cached_free) == (3, 2)
+        assert (pool.num_free, num_evictable(pool)) == (3, 2)
         # Its 3 blocks: the 2 evictable hits, 1 bought; 3 - 2 - 1 = 0 blocks left free.
         late = make_request(2, shared + prompt(300, BS), max_tokens=1)
         scheduler.add(late)
@@ -523,7 +524,7 @@ def test_greedy_text_is_the_same_with_and_without_prefix_caching(
     off, off_outcomes, _ = run(model, prompts, GREEDY, False, **POOLS[pool])
     on, on_outcomes, engine = run(model, prompts, GREEDY, True, **POOLS[pool])
     assert on == off == reference
-    assert engine.scheduler.pool.num_cached_free > 0  # kept after everyone finished
+    assert num_evictable(engine.scheduler.pool) > 0  # kept after everyone finished
     cached = sum(o.cached_tokens for o in on_outcomes)
     assert cached > 0 and forward_tokens(on_outcomes) < forward_tokens(off_outcomes)
     evictions = [sum(len(o.evicted) for o in outcomes) for outcomes in (off_outcomes, on_outcomes)]
