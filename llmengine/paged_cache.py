@@ -80,6 +80,14 @@ class PagedKVCache:
         per_layer = self.keys[0][0].numel() * self.keys[0].element_size()
         return 2 * len(self.keys) * per_layer
 
+    def swap(
+        self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]
+    ) -> None:
+        """Carry out one decision's swaps: every copy out, then every copy in. In that order
+        because a device block a victim gave up may already be a swapped-in request's."""
+        self.swap_out(blocks_to_swap_out)
+        self.swap_in(blocks_to_swap_in)
+
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy device blocks to host blocks, `(device id, host id)` pairs: one copy per tensor."""
         if not pairs:
@@ -118,13 +126,16 @@ class PagedKVCache:
         return keys, values
 
 
-class PagedAttention:
-    """The `AttentionHook` of one paged forward; its index tensors are built once for all layers.
+class GatheredAttention:
+    """The `AttentionHook` of one paged forward: K/V gathered out of the blocks, then SDPA.
 
-    The model sees the new tokens packed as one sequence `[1, N]`. Attention runs one SDPA call
-    per `_RowGroup`: every row when all compute the same number of positions (the packed order
-    is then the batch, so nothing is scattered); else the decode rows together and each prefill
-    row alone, so no row's queries are padded to another row's length.
+    Each layer writes the new K/V into the cache's blocks, copies every row's K/V out of them
+    into a dense `[rows, keys]` batch (`PagedKVCache.gather`) and attends over that copy with
+    one SDPA call per `_RowGroup`; no kernel here reads the blocks in place. The index tensors
+    are built once for all layers. The model sees the new tokens packed as one sequence
+    `[1, N]`; a group is every row when all compute the same number of positions (the packed
+    order is then the batch, so nothing is scattered), else the decode rows together and each
+    prefill row alone, so no row's queries are padded to another row's length.
     """
 
     def __init__(self, cache: PagedKVCache, rows: list[PagedRow]) -> None:
@@ -265,7 +276,7 @@ def paged_forward(
     """
     if not rows:
         raise ValueError("paged_forward needs at least one row")
-    attention = PagedAttention(cache, rows)
+    attention = GatheredAttention(cache, rows)
     input_ids = torch.tensor(
         [[token for row in rows for token in row.token_ids]], device=cache.device
     )

@@ -18,7 +18,7 @@ from llmengine.config import Llama3RopeScaling, LlamaConfig
 from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
 from llmengine.model import Llama, causal_mask, grouped_query_attention
 from llmengine.paged_cache import (
-    PagedAttention,
+    GatheredAttention,
     PagedKVCache,
     PagedRow,
     flat_indices,
@@ -253,8 +253,8 @@ def test_decode_only_steps_at_equal_and_different_contexts(lengths):
             paged_step(model, cache, pool, [(s, None) for s in sequences])
 
 
-def test_one_paged_attention_serves_every_layer():
-    """One `PagedAttention`, built once, attends in every layer: each layer's output equals
+def test_one_gathered_attention_serves_every_layer():
+    """One `GatheredAttention`, built once, attends in every layer: each layer's output equals
     per-row causal attention over that layer's cached K/V plus the new K/V (1e-5)."""
     config = random_model().config
     block_size, num_layers = 4, config.num_hidden_layers
@@ -268,7 +268,7 @@ def test_one_paged_attention_serves_every_layer():
         PagedRow([2], 2, [4]),
         PagedRow(random_tokens(6, seed=15), 5, [8, 2, 6]),
     ]
-    attention = PagedAttention(cache, rows)
+    attention = GatheredAttention(cache, rows)
     num_new = sum(len(row.token_ids) for row in rows)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     for layer in range(num_layers):

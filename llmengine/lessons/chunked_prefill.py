@@ -92,14 +92,14 @@ def kv_positions_gathered(chunks: Sequence[int]) -> int:
 def padded_attention_scores(run: WorkloadRun) -> list[int]:
     """Per forward, the query-key scores a padded-batch attention computes, per head and layer.
 
-    Until lesson 23, `PagedAttention` laid a step's rows out as one padded batch (it now groups
-    rows so none is padded to another's length): every row gets as many query
-    slots as the longest row has new positions, and every query is scored against as many
-    keys as the longest row holds after the step (masked or not). So a step costs
-    rows x longest new x longest end, and a long prefill next to short decodes pays its length
-    for every decode row too. A request's K/V after a step is the sum of the positions its rows
-    computed, which holds only while nobody is preempted or served from a prefix cache; such
-    runs are refused.
+    A padded-batch attention lays a step's rows out as one batch (the engine's
+    `GatheredAttention` groups the rows instead, so that none is padded to another's length):
+    every row gets as many query slots as the longest row has new positions, and every query
+    is scored against as many keys as the longest row holds after the step (masked or not). So
+    a step costs rows x longest new x longest end, and a long prefill next to short decodes pays
+    its length for every decode row too. A request's K/V after a step is the sum of the
+    positions its rows computed, which holds only while nobody is preempted or served from a
+    prefix cache; such runs are refused.
     """
     kv: dict[int, int] = {}
     scores = []
