@@ -14,6 +14,31 @@ from llmengine.config import LlamaConfig
 from llmengine.model import Llama, causal_mask, grouped_query_attention
 
 
+def zeroed_kv(
+    config: LlamaConfig,
+    slots: tuple[int, int],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    pin_memory: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Keys and values, one zero-filled `[*slots, kv_heads, head_dim]` tensor per layer each.
+
+    Both caches store K/V this way, differing only in `slots`: `(rows, positions)` here,
+    `(blocks, block_size)` in the paged cache. Zeros, not `torch.empty`: a masked-out entry
+    still enters attention as `0 * value`, and uninitialised memory could hold NaN, which
+    survives that multiplication.
+    """
+    shape = (*slots, config.num_key_value_heads, config.head_dim)
+
+    def per_layer() -> list[torch.Tensor]:
+        return [
+            torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+            for _ in range(config.num_hidden_layers)
+        ]
+
+    return per_layer(), per_layer()
+
+
 class ContiguousKVCache:
     """Per layer K/V `[max_batch, max_seq_len, kv_heads, head_dim]`; a filled length per row."""
 
@@ -25,11 +50,7 @@ class ContiguousKVCache:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
     ) -> None:
-        shape = (max_batch, max_seq_len, config.num_key_value_heads, config.head_dim)
-        self.keys = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
-        ]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.keys, self.values = zeroed_kv(config, (max_batch, max_seq_len), dtype, device)
         self.max_seq_len = max_seq_len
         self.lengths = [0] * max_batch
 

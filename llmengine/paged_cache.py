@@ -25,6 +25,7 @@ import torch
 
 from llmengine.blocks import blocks_for_length
 from llmengine.config import LlamaConfig
+from llmengine.contiguous_cache import zeroed_kv
 from llmengine.model import LayerSteps, Llama, causal_mask, grouped_query_attention
 
 
@@ -40,9 +41,6 @@ class PagedRow:
 class PagedKVCache:
     """Per layer K/V storage `[num_blocks, block_size, kv_heads, head_dim]`, zero-filled.
 
-    Zeros, not `torch.empty`: a masked-out entry still enters attention as `0 * value`, and
-    uninitialised memory could hold NaN, which survives that multiplication.
-
     `swap_blocks` host blocks of the same shape (on the CPU, in pinned memory when the cache
     lives on CUDA, so copies to and from it can use DMA) hold the K/V of swapped-out requests;
     `swap_out` and `swap_in` move whole blocks between the two, by block id.
@@ -57,17 +55,12 @@ class PagedKVCache:
         device: str | torch.device = "cpu",
         swap_blocks: int = 0,
     ) -> None:
-        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-        self.keys = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
-        ]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.keys, self.values = zeroed_kv(config, (num_blocks, block_size), dtype, device)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        host_shape = (swap_blocks, *shape[1:])
-        pin = self.device.type == "cuda"
-        self.host_keys = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in self.keys]
-        self.host_values = [torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in self.keys]
+        self.host_keys, self.host_values = zeroed_kv(
+            config, (swap_blocks, block_size), dtype, "cpu", pin_memory=self.device.type == "cuda"
+        )
         self.swap_blocks = swap_blocks
 
     @property
