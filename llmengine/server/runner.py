@@ -58,10 +58,7 @@ def serve_in_thread(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=shutdown_timeout
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(_config(app, log_level, shutdown_timeout))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True
     )
@@ -89,10 +86,7 @@ def serve(
 ) -> int:
     """Serve `app` until SIGINT or SIGTERM (0 after a clean shutdown), or until its engine
     loop fails for good (1)."""
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout + FINAL_WORDS_S,
-    )  # fmt: skip
+    config = _config(app, log_level, shutdown_timeout + FINAL_WORDS_S, host=host, port=port)
     server = _DrainingServer(config, app.state.drain, shutdown_timeout)
     failed = threading.Event()
 
@@ -109,6 +103,19 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0 if server.started and not failed.is_set() else 1
+
+
+def _config(app: Any, log_level: str, graceful_s: float, **bind: Any) -> uvicorn.Config:
+    """uvicorn's settings for both ways of serving; `bind` is the host and port of a server that
+    opens its own socket (`serve_in_thread` hands uvicorn one already bound).
+
+    The lifespan is required ("on"), not detected: the app's starts and joins the engine
+    thread, and a server without it would queue requests nobody steps. `graceful_s` is how
+    long uvicorn waits for the responses in flight at shutdown before it cancels them.
+    """
+    return uvicorn.Config(
+        app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=graceful_s, **bind
+    )
 
 
 class _DrainingServer(uvicorn.Server):
