@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from llmengine.params import check_prompt
 from llmengine.sampling import SamplingParams, finish_reason, make_generator, sample_tokens
 
 
@@ -34,22 +35,17 @@ def generate_tokens(
     generated ids.
     """
     params = params or SamplingParams()
-    vocab_size = model.config.vocab_size
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: generation needs at least one token")
-    bad = [token for token in prompt_ids if not 0 <= token < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    prompt = check_prompt(prompt_ids, model.config.vocab_size)
     eos = tuple(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     device = _model_device(model)
     generator = make_generator(params, device)
-    sequence = list(prompt_ids)
+    sequence = list(prompt)
     generated: list[int] = []
     with torch.inference_mode():
         while True:
             input_ids = torch.tensor([sequence], dtype=torch.long, device=device)
             last_logits = model(input_ids)[:, -1, :]
-            history = (sequence, len(prompt_ids))
+            history = (sequence, len(prompt))
             token = sample_tokens(last_logits, [params], [generator], [history])[0]
             generated.append(token)
             sequence.append(token)

@@ -1,4 +1,5 @@
-"""What a caller asks of a request, and the rule that says when it is done.
+"""What a caller asks of a request, the prompt it may ask about, and the rule that says when
+it is done.
 
 Plain data with no tensors, so the request lifecycle and the scheduler can hold sampling
 parameters and apply the stop rule without importing the sampler.
@@ -115,6 +116,21 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the next token is the argmax, with no randomness at all."""
         return self.temperature == 0.0
+
+
+def check_prompt(prompt_token_ids: Sequence[int], vocab_size: int) -> list[int]:
+    """The prompt as a list of ints, once it is known to hold a token and only ids the model has.
+
+    ValueError for an empty prompt or for ids outside `[0, vocab_size)` (the first five named):
+    the embedding would index out of range on such an id.
+    """
+    prompt = [int(token) for token in prompt_token_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty: a request needs at least one token")
+    outside = [token for token in prompt if not 0 <= token < vocab_size]
+    if outside:
+        raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
+    return prompt
 
 
 def finish_reason(

@@ -10,6 +10,7 @@ from hf_llama import hf_greedy, save_random_llama
 
 import llmengine
 from llmengine.generation import generate_text, generate_tokens
+from llmengine.params import check_prompt
 from llmengine.sampling import SamplingParams
 
 
@@ -63,6 +64,17 @@ def test_stops_on_a_stop_token() -> None:
 def test_bad_prompts_raise(prompt: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         generate_tokens(SuccessorModel(), prompt)
+
+
+def test_check_prompt_returns_ints_and_names_what_is_wrong() -> None:
+    assert check_prompt((torch.tensor(3), 0, 9), 10) == [3, 0, 9]
+    assert all(type(token) is int for token in check_prompt(torch.tensor([1, 2]), 10))
+    with pytest.raises(ValueError) as empty:
+        check_prompt([], 10)
+    assert str(empty.value) == "the prompt is empty: a request needs at least one token"
+    with pytest.raises(ValueError) as outside:
+        check_prompt([10, 1, -1, 11, 12, 13, 14], 10)
+    assert str(outside.value) == "token ids outside the vocabulary [0, 10): [10, -1, 11, 12, 13]"
 
 
 def test_seeded_sampling_is_reproducible() -> None:
