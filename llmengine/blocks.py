@@ -128,18 +128,11 @@ class BlockTable:
             raise IndexError(f"position {position} outside this table's {self.capacity} positions")
         return self.block_ids[position // self.block_size], position % self.block_size
 
-    def relocate(self, block_ids: list[int]) -> list[int]:
-        """Point the table at other blocks holding the same K/V; return the blocks it named.
-
-        What a swap does: the positions written stay written, block i's contents now live in
-        `block_ids[i]` (of the device pool or of the host swap space) and the caller copies them.
-        """
-        if len(block_ids) != len(self.block_ids):
-            raise ValueError(
-                f"relocating {len(self.block_ids)} blocks onto {len(block_ids)}: one for one only"
-            )
-        old, self.block_ids = self.block_ids, list(block_ids)
-        return old
+    def detach(self) -> list[int]:
+        """Hand back the blocks but keep the count of positions written: what a swap out does,
+        whose K/V now lives in the host swap space until blocks are extended in again."""
+        ids, self.block_ids = self.block_ids, []
+        return ids
 
     def release(self) -> list[int]:
         """Empty the table and return the blocks it held, for the pool."""

@@ -13,57 +13,40 @@ benchmark needs to see.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from llmengine.blocks import blocks_for_length
 from llmengine.compiled import compiled_layer_steps, warm_up
+from llmengine.decision import ScheduledRow
 from llmengine.decode_graph import DecodeGraphs, buckets_for
+from llmengine.engine_config import EngineConfig
 from llmengine.model import LayerSteps, Llama
-from llmengine.outcome import IterationOutcome, TokenLogprobs
+from llmengine.outcome import IterationOutcome, Sampled, TokenLogprobs, build_outcome
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.params import check_prompt
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens, token_logprobs
-from llmengine.scheduler import ScheduledRow, Scheduler, SchedulerOutput
+from llmengine.scheduler import Scheduler
+
+NOT_FINITE = "the model's logits were not finite"
 
 
 class Engine:
-    """Continuous batching over a paged KV cache.
+    """Continuous batching over a paged KV cache, under one `EngineConfig`.
 
-    `num_blocks` KV blocks of `block_size` tokens form the pool; at most `num_slots` requests
-    run in one forward. `policy="reserve"` admits a request only when the pool can hold its
-    worst case (lesson 12); `policy="incremental"` buys blocks a step at a time and preempts
-    the youngest running request when the pool runs dry (lesson 13). Any other policy is
-    refused with ValueError here, before the cache is allocated.
+    `Engine(model, config)` or `Engine(model, num_blocks=..., **fields)`: the configuration's
+    fields as keywords (see `EngineConfig` for each: pool, slots, policy, preemption, swap
+    space, chunked prefill, prefix caching, compile, decode graph). A bad value is refused
+    with ValueError before the cache is allocated.
 
-    `preemption="recompute"` throws a victim's K/V away and recomputes it when the victim
-    resumes; `preemption="swap"` copies it to a host swap space of `swap_blocks` blocks and
-    back (lesson 18), falling back to recompute when the swap space cannot hold the victim.
-    `swap_blocks` must be 0 under recompute; under swap, 0 means every victim falls back.
-
-    `max_num_batched_tokens` (None: no cap) caps the positions one forward computes, at least
-    `num_slots` of them: decodes first, then prefill chunks in queue order, so a long prompt
-    is prefilled over several steps without stalling the decodes (chunked prefill). Only rows
-    that complete a prefill or decode are sampled, so a seeded generator draws the same
-    numbers in the same order whatever the cap, and the text does not depend on it.
-
-    `enable_prefix_caching=True` shares full KV blocks between requests whose tokens agree up
-    to the end of the block (lesson 21): a request takes the cached blocks of its prefix
-    instead of computing them, and `IterationOutcome.cached_tokens` says how many positions.
-
-    `compile=True` runs the position-wise halves of every layer through `torch.compile`
-    (`llmengine.compiled`), compiled once when the engine is built (`compile_seconds`);
-    attention and everything else stay as they are. The default keeps the eager forward.
-
-    `decode_graph=True` compiles the whole decode forward once per batch bucket
-    (`llmengine.decode_graph`: 1, 2, 4, ... up to `num_slots`; a sequence of ints names the
-    buckets) when the engine is built (`graph_compile_seconds`). A step whose rows are all
-    one-token decodes runs the graph of the smallest bucket that holds them, padded; any
-    other step (prefills, chunks, mixed) runs eager, as does a bucket whose graph was not
-    faster than eager when it was built. `graph_steps` counts the steps that used a graph.
+    `compile=True` compiles the position-wise halves of every layer when the engine is built
+    (`compile_seconds`); `decode_graph` compiles the decode forward once per batch bucket
+    (`graph_compile_seconds`): a step whose rows are all decodes runs the graph of the
+    smallest bucket that holds them, any other step runs eager, as does a bucket whose graph
+    was not faster than eager when it was built (`graph_steps` counts the graph's steps).
 
     `scheduler_class` is the scheduler the engine builds; a subclass that overrides a
     scheduler rule (a lesson's deliberately wrong resume, say) runs on the real model.
@@ -74,64 +57,47 @@ class Engine:
     def __init__(
         self,
         model: Llama,
+        config: EngineConfig | None = None,
+        /,
         *,
-        num_blocks: int,
-        block_size: int = 16,
-        num_slots: int = 8,
-        policy: str = "incremental",
-        watermark: int = 0,
-        preemption: str = "recompute",
-        swap_blocks: int = 0,
-        max_num_batched_tokens: int | None = None,
-        enable_prefix_caching: bool = False,
-        compile: bool = False,
-        decode_graph: bool | Sequence[int] = False,
         tokenizer: Any = None,
+        **options: Any,
     ) -> None:
+        self.config = config = EngineConfig.of(config, options)
         self.model = model
+        self.tokenizer = tokenizer
         # Compiled halves of every layer (llmengine.compiled), compiled here rather than on
         # the first requests; compile_seconds says what that cost.
         self.layer_steps: LayerSteps | None = None
         self.compile_seconds = 0.0
-        if compile:
+        if config.compile:
             self.layer_steps = compiled_layer_steps()
             self.compile_seconds = warm_up(model, self.layer_steps)
-        self.tokenizer = tokenizer
-        self.scheduler = self.scheduler_class(
-            num_blocks,
-            block_size,
-            num_slots,
-            policy,
-            watermark,
-            preemption=preemption,
-            swap_blocks=swap_blocks,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-        )
-        self.scheduler.on_release = self._on_release
+        self.scheduler = self.scheduler_class(config)
         parameter = next(model.parameters())
         # The decode graphs pad a batch up to its bucket; the padding rows write their K/V into
         # one extra block beyond the pool, which the scheduler never hands out.
         self.cache = PagedKVCache(
             model.config,
-            num_blocks + 1 if decode_graph else num_blocks,
-            block_size,
+            config.num_blocks + 1 if config.decode_graph else config.num_blocks,
+            config.block_size,
             dtype=parameter.dtype,
             device=parameter.device,
-            swap_blocks=swap_blocks,
+            swap_blocks=config.swap_blocks,
         )
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_compile_seconds = 0.0
         self.graph_steps = 0
-        if decode_graph:
-            buckets = buckets_for(num_slots) if decode_graph is True else list(decode_graph)
-            self.decode_graphs = DecodeGraphs(model, self.cache, num_blocks, buckets)
+        if config.decode_graph:
+            buckets = (
+                buckets_for(config.num_slots)
+                if config.decode_graph is True
+                else list(config.decode_graph)
+            )
+            self.decode_graphs = DecodeGraphs(model, self.cache, config.num_blocks, buckets)
             self.graph_compile_seconds = sum(self.decode_graphs.compile_seconds.values())
         self.eos_token_ids = model.config.eos_token_ids
         self.iteration = 0
-        # Which request holds each slot. The scheduler moves slots; the hook keeps this in
-        # step at the moment a slot is given back, even inside one schedule() call.
-        self.slot_owners: list[int | None] = [None] * num_slots
         self._requests: dict[int, Request] = {}
         self._generators: dict[int, torch.Generator | None] = {}
         self.prompt_logprobs = PromptLogprobs()
@@ -141,27 +107,27 @@ class Engine:
 
     @property
     def num_blocks(self) -> int:
-        return self.scheduler.pool.num_blocks
+        return self.config.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return self.scheduler.pool.num_free
+        return self.scheduler.blocks.num_free
 
     @property
     def num_swap_blocks(self) -> int:
-        return self.scheduler.num_swap_blocks
+        return self.config.swap_blocks
 
     @property
     def num_free_swap_blocks(self) -> int:
-        return self.scheduler.num_free_swap_blocks
+        return self.scheduler.swap.num_free
 
     @property
     def block_size(self) -> int:
-        return self.scheduler.block_size
+        return self.config.block_size
 
     @property
     def num_slots(self) -> int:
-        return self.scheduler.num_slots
+        return self.config.num_slots
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -198,13 +164,7 @@ class Engine:
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        prompt = [int(token) for token in prompt_token_ids]
-        if not prompt:
-            raise ValueError("the prompt is empty: a request needs at least one token")
-        vocab_size = self.model.config.vocab_size
-        outside = [token for token in prompt if not 0 <= token < vocab_size]
-        if outside:
-            raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
+        prompt = check_prompt(prompt_token_ids, self.model.config.vocab_size)
         request = Request(
             request_id=self._next_id,
             prompt_token_ids=prompt,
@@ -262,8 +222,7 @@ class Engine:
         if request.state == RequestState.ABORTED:
             raise ValueError(f"request {request_id} is already aborted")
         self.scheduler.abort(request)
-        del self._generators[request_id]
-        self.prompt_logprobs.forget(request_id)
+        self._forget([request_id])
         return True
 
     def release(self, request_id: int) -> Request:
@@ -279,9 +238,6 @@ class Engine:
             raise ValueError(f"request {request_id} is still {request.state.value}")
         return self._requests.pop(request_id)
 
-    def _on_release(self, request: Request) -> None:
-        self.slot_owners[request.slot] = None
-
     # -- one iteration -------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -295,21 +251,17 @@ class Engine:
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         decision = self.scheduler.schedule()
-        # Out before in, both before the forward: a block a victim gave up may already be
-        # another row's, or a swapped-in request's, in this very decision.
-        self.cache.swap_out(decision.blocks_to_swap_out)
-        self.cache.swap_in(decision.blocks_to_swap_in)
-        for row in decision.rows:
-            self.slot_owners[row.request.slot] = row.request.request_id
+        self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
         logits, prompt_logprobs = self._forward(decision.rows)
-        tokens, logprobs, failed = self._sample(decision.rows, logits)
-        finished = self.scheduler.update(decision, tokens, self.eos_token_ids)
-        for request in finished:
-            del self._generators[request.request_id]
-            self.prompt_logprobs.forget(request.request_id)
-        for request_id in failed:
+        sampled = self._sample(decision.rows, logits)
+        finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
+        self._forget(request.request_id for request in finished)
+        for request_id in sampled.failed:
             self.abort(request_id)
-        outcome = self._outcome(decision, finished, tokens, logprobs, prompt_logprobs, failed)
+        outcome = build_outcome(
+            self.iteration, decision, finished, sampled, prompt_logprobs,
+            config=self.config, bytes_per_block=self.cache.bytes_per_block,
+        )  # fmt: skip
         self.iteration += 1
         return outcome
 
@@ -340,9 +292,7 @@ class Engine:
             return None
         return self.decode_graphs.graph_for(len(rows))
 
-    def _sample(
-        self, rows: list[ScheduledRow], logits: torch.Tensor
-    ) -> tuple[dict[int, int], dict[int, TokenLogprobs], dict[int, str]]:
+    def _sample(self, rows: list[ScheduledRow], logits: torch.Tensor) -> Sampled:
         """One token per sampling row, each from its own request's parameters, history and
         generator; the log-probabilities of those whose request asked for them; and the
         requests whose logits were not finite, which get no token (a NaN or an infinity
@@ -351,95 +301,45 @@ class Engine:
         A prefill chunk that stops short of its request's last token is skipped: its logits
         predict a token the request already has, and drawing for it would move the generator.
         """
+        sampled = Sampled()
         sampling = [index for index, row in enumerate(rows) if row.samples]
         if not sampling:
-            return {}, {}, {}
+            return sampled
         finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()
-        failed = {
-            rows[index].request.request_id: "the model's logits were not finite"
-            for index, ok in zip(sampling, finite, strict=True)
-            if not ok
-        }
+        for index, ok in zip(sampling, finite, strict=True):
+            if not ok:
+                sampled.failed[rows[index].request.request_id] = (
+                    "the model's logits were not finite"
+                )
         indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
         if not indices:
-            return {}, {}, failed
+            return sampled
         requests = [rows[index].request for index in indices]
         logits = logits[indices]
-        sampled = sample_tokens(
+        tokens = sample_tokens(
             logits,
             [request.params for request in requests],
             [self._generators[request.request_id] for request in requests],
             [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
         )
-        logprobs = {
-            request.request_id: token_logprobs(logits[row], token, request.params.logprobs)
-            for row, (request, token) in enumerate(zip(requests, sampled, strict=True))
-            if request.params.logprobs is not None
-        }
-        tokens = {request.request_id: t for request, t in zip(requests, sampled, strict=True)}
-        return tokens, logprobs, failed
+        for row, (request, token) in enumerate(zip(requests, tokens, strict=True)):
+            sampled.tokens[request.request_id] = token
+            if request.params.logprobs is not None:
+                sampled.logprobs[request.request_id] = token_logprobs(
+                    logits[row], token, request.params.logprobs
+                )
+        return sampled
 
-    def _outcome(
-        self,
-        decision: SchedulerOutput,
-        finished: list[Request],
-        tokens: dict[int, int],
-        logprobs: dict[int, TokenLogprobs],
-        prompt_logprobs: dict[int, list[TokenLogprobs]],
-        failed: dict[int, str],
-    ) -> IterationOutcome:
-        """The step as the world sees it, derived from the decision it carried out and what
-        the forward and the sampler made of it.
-
-        The pool numbers describe the forward: the blocks held while it ran and the K/V it
-        left, finished requests included, whose blocks `update` has already given back.
-        """
-        rows = decision.rows
-        admitted = [request.request_id for request in decision.admitted]
-        return IterationOutcome(
-            iteration=self.iteration,
-            tokens=tokens,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            failed=failed,
-            finished=[request.request_id for request in finished],
-            evicted=[request.request_id for request in decision.preempted],
-            swapped_out=[request.request_id for request in decision.swapped_out],
-            swapped_in=[request.request_id for request in decision.swapped_in],
-            admitted=admitted,
-            # Preempted by recompute before, not "recomputes something": a resumed prefill may
-            # find all it had computed in the prefix cache.
-            resumed=[
-                row.request.request_id
-                for row in rows
-                if row.request.num_discarded_tokens and row.request.request_id in admitted
-            ],
-            row_positions={row.request.request_id: row.num_positions for row in rows},
-            rows=len(rows),
-            prefill_rows=sum(row.is_prefill for row in rows),
-            forward_tokens=sum(row.num_positions for row in rows),
-            recomputed_tokens=sum(row.recomputed for row in rows),
-            cached_tokens=sum(row.cached for row in rows),
-            cached_prefix={row.request.request_id: row.cached for row in rows if row.cached},
-            num_slots=self.num_slots,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            held_blocks=decision.held_blocks,
-            needed_blocks=sum(blocks_for_length(row.end_position, self.block_size) for row in rows),
-            kv_tokens=sum(row.end_position for row in rows),
-            blocks_swapped_out=len(decision.blocks_to_swap_out),
-            blocks_swapped_in=len(decision.blocks_to_swap_in),
-            bytes_per_block=self.cache.bytes_per_block,
-            num_swap_blocks=self.num_swap_blocks,
-            held_swap_blocks=decision.held_swap_blocks,
-        )
+    def _forget(self, request_ids: Iterable[int]) -> None:
+        """Drop what the engine kept to sample for requests that are done."""
+        for request_id in request_ids:
+            del self._generators[request_id]
+            self.prompt_logprobs.forget(request_id)
 
     def check_integrity(self) -> None:
-        """The scheduler's invariants, plus: every slot owner is the request that holds it."""
+        """The scheduler's invariants: each pool's free plus held is its size, every slot and
+        block accounted for. Callable at any time."""
         self.scheduler.check_integrity()
-        for request in self.scheduler.running:
-            if self.slot_owners[request.slot] != request.request_id:
-                raise AssertionError(f"slot {request.slot} does not record {request.request_id}")
 
     # -- run to completion ---------------------------------------------------------------
 

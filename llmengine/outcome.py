@@ -7,6 +7,14 @@ without touching the engine's internals.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from llmengine.blocks import blocks_for_length
+
+if TYPE_CHECKING:
+    from llmengine.decision import SchedulerOutput
+    from llmengine.engine_config import EngineConfig
+    from llmengine.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +109,70 @@ class IterationOutcome:
     bytes_per_block: int = 0
     num_swap_blocks: int = 0
     held_swap_blocks: int = 0
+
+
+@dataclass(slots=True)
+class Sampled:
+    """What the sampler made of one step's logits: a token per sampling row whose logits were
+    finite, the logprobs of those that asked, and the requests that failed, with why."""
+
+    tokens: dict[int, int] = field(default_factory=dict)
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+def build_outcome(
+    iteration: int,
+    decision: SchedulerOutput,
+    finished: list[Request],
+    sampled: Sampled,
+    prompt_logprobs: dict[int, list[TokenLogprobs]],
+    *,
+    config: EngineConfig,
+    bytes_per_block: int,
+) -> IterationOutcome:
+    """The step as the world sees it: the decision it carried out, what the sampler made of
+    the forward, and the requests that finished.
+
+    The pool numbers describe the forward: the blocks held while it ran and the K/V it left,
+    finished requests included, whose blocks `update` has already given back.
+    """
+    rows = decision.rows
+    admitted = [request.request_id for request in decision.admitted]
+    return IterationOutcome(
+        iteration=iteration,
+        tokens=sampled.tokens,
+        logprobs=sampled.logprobs,
+        prompt_logprobs=prompt_logprobs,
+        failed=sampled.failed,
+        finished=[request.request_id for request in finished],
+        evicted=[request.request_id for request in decision.preempted],
+        swapped_out=[request.request_id for request in decision.swapped_out],
+        swapped_in=[request.request_id for request in decision.swapped_in],
+        admitted=admitted,
+        # Preempted by recompute before, not "recomputes something": a resumed prefill may
+        # find all it had computed in the prefix cache.
+        resumed=[
+            row.request.request_id
+            for row in rows
+            if row.request.num_discarded_tokens and row.request.request_id in admitted
+        ],
+        row_positions={row.request.request_id: row.num_positions for row in rows},
+        rows=len(rows),
+        prefill_rows=sum(row.is_prefill for row in rows),
+        forward_tokens=sum(row.num_positions for row in rows),
+        recomputed_tokens=sum(row.recomputed for row in rows),
+        cached_tokens=sum(row.cached for row in rows),
+        cached_prefix={row.request.request_id: row.cached for row in rows if row.cached},
+        num_slots=config.num_slots,
+        num_blocks=config.num_blocks,
+        block_size=config.block_size,
+        held_blocks=decision.held_blocks,
+        needed_blocks=sum(blocks_for_length(row.end_position, config.block_size) for row in rows),
+        kv_tokens=sum(row.end_position for row in rows),
+        blocks_swapped_out=len(decision.blocks_to_swap_out),
+        blocks_swapped_in=len(decision.blocks_to_swap_in),
+        bytes_per_block=bytes_per_block,
+        num_swap_blocks=config.swap_blocks,
+        held_swap_blocks=decision.held_swap_blocks,
+    )

@@ -274,6 +274,3 @@ class CachingBlockPool:
                 b for b in set(named) | set(self._refcount) if named[b] != self._refcount.get(b, 0)
             )
             raise AssertionError(f"refcounts disagree with the block tables for blocks {wrong}")
-
-
-block_hash = block_key  # removed once the scheduler calls block_key

@@ -15,10 +15,10 @@ from itertools import accumulate
 
 import torch
 
+from llmengine.decision import ScheduledRow
 from llmengine.outcome import TokenLogprobs
 from llmengine.request import Request
 from llmengine.sampling import token_logprobs
-from llmengine.scheduler import ScheduledRow
 
 
 @dataclass(slots=True)

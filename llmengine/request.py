@@ -55,7 +55,8 @@ class Request:
     `arrival` is its seniority (lower is older): the scheduler grows the oldest first and
     preempts the youngest. `block_table` is the one record of the blocks it holds; the
     scheduler extends it and the cache reads it, so the two can never disagree. While the
-    request is `SWAPPED` its table names blocks of the host swap space, not of the device pool.
+    request is `SWAPPED` its table names no block but still counts its positions with K/V,
+    which the swap space holds in host blocks.
     `num_preemptions` counts every eviction, by recompute or by swap; `num_swaps` the swaps.
 
     `prefilling` is True while a (re)admitted request still has prefill positions to schedule:

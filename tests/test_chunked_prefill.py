@@ -62,7 +62,8 @@ def test_a_budget_below_num_slots_or_not_a_whole_number_is_refused(budget: Any) 
 
 
 def test_a_budget_of_num_slots_is_accepted_and_none_is_no_budget() -> None:
-    assert Scheduler(8, 4, 4, max_num_batched_tokens=4).max_num_batched_tokens == 4
+    scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=4, max_num_batched_tokens=4)
+    assert scheduler.config.max_num_batched_tokens == 4
     scheduler = Scheduler(num_blocks=64, block_size=4, num_slots=2)
     request = make_request(0, 200, 2, 4)
     scheduler.add(request)
@@ -150,7 +151,7 @@ def test_a_victim_evicted_mid_prefill_recomputes_only_what_it_had_computed(
     # Under swap too: a partial prefill cannot come back as a decode, so it is recomputed.
     assert out.preempted == [r1] and not out.swapped_out and not out.blocks_to_swap_out
     assert r1.state is RequestState.WAITING and r1.num_discarded_tokens == 12
-    assert scheduler.num_free_swap_blocks == scheduler.num_swap_blocks
+    assert scheduler.swap.num_free == scheduler.swap.num_blocks
     resumed = []
     for _ in range(40):
         if not scheduler.has_unfinished():
@@ -347,7 +348,6 @@ def run(
     assert not engine.has_unfinished()
     assert engine.num_free_blocks == engine.num_blocks
     assert engine.num_free_swap_blocks == engine.num_swap_blocks
-    assert engine.slot_owners == [None] * engine.num_slots
     return [engine.release(request_id).output_token_ids for request_id in ids], outcomes
 
 
@@ -417,7 +417,7 @@ def test_abort_mid_prefill_gives_back_its_blocks_and_slot_at_once(
     assert request.state is RequestState.RUNNING and request.block_table.num_tokens == 16
     assert engine.num_free_blocks == 64 - 18  # the blocks of its whole 70-token prompt
     assert engine.abort(long_id) is True
-    assert engine.num_free_blocks == 64 and engine.slot_owners == [None] * 4
+    assert engine.num_free_blocks == 64 and engine.num_running == 0
     engine.check_integrity()
     for _ in range(GREEDY.max_tokens):
         engine.step()

@@ -161,10 +161,10 @@ def test_abort_of_a_running_request_frees_its_blocks_and_slot_at_once(
         for p in prompts_for(8, 2, model.config.vocab_size, low=6, high=6)
     )
     engine.step()
-    assert engine.num_free_blocks == 4 and None not in engine.slot_owners
+    assert engine.num_free_blocks == 4 and engine.num_running == engine.num_slots
     assert engine.abort(stop) is True
     engine.check_integrity()
-    assert engine.num_free_blocks == 6 and engine.slot_owners.count(None) == 1
+    assert engine.num_free_blocks == 6 and engine.num_running == engine.num_slots - 1
     while engine.has_unfinished():
         assert stop not in engine.step().tokens
     assert len(engine.request(keep).output_token_ids) == 10
@@ -299,7 +299,7 @@ def test_stress_many_requests_tiny_pool(model: llmengine.Llama) -> None:
             cramped.check_integrity()
         assert evictions > 10
         assert [cramped.request(i).output_token_ids for i in ids] == roomy
-        assert cramped.num_free_blocks == 12 and cramped.slot_owners == [None] * 6
+        assert cramped.num_free_blocks == 12 and cramped.num_running == 0
 
 
 def test_embedded_model_text_is_the_same_cramped_roomy_and_in_transformers() -> None:

@@ -100,7 +100,7 @@ def test_restart_with_evict_the_largest_livelocks() -> None:
     assert trace.cycle_length == trace.repeated_at - trace.first_seen > 0
     # Independently of the detector: run the same scheduler three cycles further and find
     # the state again after each, with nobody finishing and tokens thrown away every cycle.
-    scheduler = RESTART_RULES["largest"](POOL, BLOCK, SLOTS)
+    scheduler = RESTART_RULES["largest"](num_blocks=POOL, block_size=BLOCK, num_slots=SLOTS)
     requests = make_requests(WORKLOAD, BLOCK)
     for request in requests:
         scheduler.add(request)
@@ -232,7 +232,7 @@ def test_the_door_is_one_position_stricter_than_the_proof(configs: list[Config])
 
 def _door_admits(request: Request) -> bool:
     try:
-        Scheduler(POOL, BLOCK, SLOTS).add(request)
+        Scheduler(num_blocks=POOL, block_size=BLOCK, num_slots=SLOTS).add(request)
     except ValueError:
         return False
     return True

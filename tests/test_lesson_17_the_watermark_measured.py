@@ -72,13 +72,15 @@ def cramped_request(request_id: int) -> Request:
 def test_lookahead_reserve_admits_while_a_block_stays_free_per_row(
     pool: int, admitted: int
 ) -> None:
-    scheduler = LookaheadScheduler(pool, seeds.DAY34_BLOCK, CRAMPED_REQUESTS)
+    scheduler = LookaheadScheduler(
+        num_blocks=pool, block_size=seeds.DAY34_BLOCK, num_slots=CRAMPED_REQUESTS
+    )
     for request_id in range(CRAMPED_REQUESTS):
         scheduler.add(cramped_request(request_id))
     decision = scheduler.schedule()
     assert [row.request.request_id for row in decision.rows] == list(range(admitted))
     assert scheduler.pool.num_free >= len(scheduler.running)
-    plain = Scheduler(pool, seeds.DAY34_BLOCK, CRAMPED_REQUESTS)
+    plain = Scheduler(num_blocks=pool, block_size=seeds.DAY34_BLOCK, num_slots=CRAMPED_REQUESTS)
     for request_id in range(CRAMPED_REQUESTS):
         plain.add(cramped_request(request_id))
     assert len(plain.schedule().rows) == min(CRAMPED_REQUESTS, pool // 2)

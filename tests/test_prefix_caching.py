@@ -41,13 +41,19 @@ def make_request(request_id: int, tokens: list[int], max_tokens: int) -> Request
 
 
 def caching_scheduler(num_blocks: int, num_slots: int = 4, **options: Any) -> Scheduler:
-    return Scheduler(num_blocks, BS, num_slots, enable_prefix_caching=True, **options)
+    return Scheduler(
+        num_blocks=num_blocks,
+        block_size=BS,
+        num_slots=num_slots,
+        enable_prefix_caching=True,
+        **options,
+    )
 
 
 def check_keys(scheduler: Scheduler) -> None:
     """Every keyed block in a running request's table holds that request's tokens there, and
     every block it shares with another request is one whose positions it has computed."""
-    if not scheduler.enable_prefix_caching:
+    if not scheduler.config.enable_prefix_caching:
         return
     pool = scheduler.pool
     for request in scheduler.running:
@@ -292,7 +298,9 @@ def test_a_hit_another_request_holds_costs_nothing_at_admission() -> None:
 
 @pytest.mark.parametrize("enable_prefix_caching", [False, True])
 def test_the_door_check_ignores_the_cache(enable_prefix_caching: bool) -> None:
-    scheduler = Scheduler(4, BS, 2, enable_prefix_caching=enable_prefix_caching)
+    scheduler = Scheduler(
+        num_blocks=4, block_size=BS, num_slots=2, enable_prefix_caching=enable_prefix_caching
+    )
     forward = FakeForward(scheduler)
     shared = prompt(100, 3 * BS)
     scheduler.add(make_request(0, shared, max_tokens=1))
@@ -398,7 +406,7 @@ def test_random_shared_prefix_workloads_keep_every_invariant(options: dict, seed
     assert not pending and not scheduler.has_unfinished()
     assert [r.num_output_tokens for r in requests] == [r.params.max_tokens for r in requests]
     assert scheduler.pool.num_free == scheduler.pool.num_blocks
-    assert scheduler.num_free_swap_blocks == scheduler.num_swap_blocks
+    assert scheduler.swap.num_free == scheduler.swap.num_blocks
     assert cached > 0
     # The pool is small enough that every policy but "reserve" preempts, and swap swaps.
     assert (preempted > 0) == (options.get("policy") != "reserve")

@@ -60,7 +60,7 @@ def drive(scheduler: Scheduler, requests: list[Request]) -> Run:
             run.latency[request.request_id] = run.iterations
         scheduler.check_integrity()
     assert scheduler.pool.num_free == scheduler.pool.num_blocks
-    assert scheduler.num_free_swap_blocks == scheduler.num_swap_blocks
+    assert scheduler.swap.num_free == scheduler.swap.num_blocks
     assert len(scheduler.free_slots) == scheduler.num_slots
     return run
 
@@ -105,7 +105,7 @@ def test_preempted_request_needs_prompt_plus_generated() -> None:
     scheduler.add(request)
     for _ in range(6):
         scheduler.update(scheduler.schedule(), {0: 7})
-    scheduler._preempt(request)
+    scheduler._preempt(request, SchedulerOutput())
     assert request.output_token_ids == [7] * 6
     assert scheduler.blocks_needed_for(request) == blocks_for_length(11, 4)
 
@@ -223,8 +223,6 @@ def test_watermark_keeps_blocks_free_at_admission() -> None:
 def test_update_gives_back_a_finished_requests_blocks_and_slot() -> None:
     scheduler = Scheduler(num_blocks=8, block_size=4, num_slots=2)
     short, long = make_request(0, 3, 2, 4), make_request(1, 6, 8, 4)
-    released: list[int] = []
-    scheduler.on_release = lambda request: released.append(request.slot)
     for request in (short, long):
         scheduler.add(request)
     scheduler.update(scheduler.schedule(), {0: 7, 1: 7})
@@ -233,7 +231,7 @@ def test_update_gives_back_a_finished_requests_blocks_and_slot() -> None:
     finished = scheduler.update(out, {0: 7, 1: 7})
     # Inside the update that produced its last token, not at the next schedule().
     assert finished == [short] and short.state == RequestState.FINISHED
-    assert released == [0] and short.slot is None and not short.block_table.block_ids
+    assert short.slot is None and not short.block_table.block_ids
     assert scheduler.running == [long] and list(scheduler.free_slots) == [0]
     assert scheduler.pool.num_free == 6
     scheduler.check_integrity()
@@ -363,13 +361,12 @@ def test_swap_out_moves_the_victims_blocks_to_host_blocks_and_keeps_its_kv() -> 
     # Each needs a third block with the pool dry: the youngest goes, to host memory this time.
     assert out.preempted == [victim] and out.swapped_out == [victim]
     assert victim.state == RequestState.SWAPPED and list(scheduler.swapped) == [victim]
-    assert out.blocks_to_swap_out == list(
-        zip(device_ids, victim.block_table.block_ids, strict=True)
-    )
-    # Its table now names host blocks and still covers every position it had computed.
+    host_ids = scheduler.swap.host_blocks_of(victim)
+    assert out.blocks_to_swap_out == list(zip(device_ids, host_ids, strict=True))
+    # Its table names no block now but still counts every position it had computed.
     assert victim.block_table.num_tokens == 8 and victim.slot is None
-    assert set(victim.block_table.block_ids) == scheduler.swap_pool.held_ids
-    assert scheduler.num_free_swap_blocks == 6
+    assert not victim.block_table.block_ids and len(host_ids) == 2
+    assert scheduler.swap.num_free == 6
     assert scheduler.blocks_needed_for(victim) == blocks_for_length(victim.num_tokens, 4)
     assert (victim.num_preemptions, victim.num_swaps) == (1, 1)
     assert not scheduler.waiting
@@ -512,7 +509,7 @@ def test_abort_of_a_swapped_request_frees_its_host_blocks() -> None:
     assert victim.state == RequestState.SWAPPED
     scheduler.abort(victim)
     assert victim.state == RequestState.ABORTED and not scheduler.swapped
-    assert scheduler.num_free_swap_blocks == 8 and not victim.block_table.block_ids
+    assert scheduler.swap.num_free == 8 and not victim.block_table.block_ids
     scheduler.check_integrity()
     while scheduler.has_unfinished():
         step(scheduler)

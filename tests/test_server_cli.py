@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,10 @@ import pytest
 
 from llmengine.bench.http_client import free_port
 from llmengine.cli import build_parser
+from llmengine.cli.options import engine_options
+from llmengine.cli.serve import ENGINE_OPTIONS as SERVE_OPTIONS
+from llmengine.cli.serve import NUM_BLOCKS
+from llmengine.engine_config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-cli-91d2e7a35c"
@@ -32,11 +38,25 @@ def test_serve_flags_and_their_defaults() -> None:
          "--policy", "reserve", "--preemption", "swap", "--swap-blocks", "16",
          "--max-waiting", "3", "--served-model-name", "bard", "--port", "0"]
     )  # fmt: skip
-    assert (args.num_blocks, args.block_size, args.max_num_seqs) == (64, 8, 4)
+    assert (args.num_blocks, args.block_size, args.num_slots) == (64, 8, 4)
     assert (args.policy, args.preemption, args.swap_blocks) == ("reserve", "swap", 16)
     assert (args.max_waiting, args.served_model_name, args.port) == (3, "bard", 0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--num-blocks", "0"])
+
+
+def test_every_engine_knob_is_a_serve_and_bench_flag_with_the_configs_default() -> None:
+    """The flags are generated from `EngineConfig`: a field added there is a flag here."""
+    serve = vars(build_parser().parse_args(["serve"]))
+    bench = vars(build_parser().parse_args(["bench", "--requests", "1", "--prompt-len", "1",
+                                            "--max-tokens", "1"]))  # fmt: skip
+    for knob in fields(EngineConfig):
+        expected = NUM_BLOCKS if knob.name == "num_blocks" else knob.default
+        assert serve[knob.name] == expected, knob.name
+        if knob.name != "num_blocks":  # bench sweeps --pools instead
+            assert bench[knob.name] is None, knob.name  # unset: bench can tell what was given
+    config = EngineConfig(**engine_options(argparse.Namespace(**serve), SERVE_OPTIONS))
+    assert config == EngineConfig(num_blocks=NUM_BLOCKS)
 
 
 def test_serve_answers_then_exits_cleanly_on_sigterm() -> None:
@@ -80,8 +100,6 @@ def test_serve_answers_then_exits_cleanly_on_sigterm() -> None:
 
 
 def test_allowed_origins_are_comma_separated_and_may_repeat() -> None:
-    from llmengine.cli import build_parser
-
     parser = build_parser()
     args = parser.parse_args(
         ["serve", "--allowed-origins", "https://a.example, https://b.example",

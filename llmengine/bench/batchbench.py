@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmengine.bench.clocks import Clock, IterationClock
 from llmengine.bench.timing import Arrival, ContinuousTiming
@@ -121,22 +121,16 @@ def sweep_pool_sizes(
     workload: Sequence[RequestSpec],
     pools: Iterable[int],
     *,
-    block_size: int,
-    num_slots: int,
-    policy: str = "incremental",
-    preemption: str = "recompute",
-    swap_blocks: int = 0,
-    enable_prefix_caching: bool = False,
-    decode_graph: bool = False,
     clock: Clock | None = None,
     progress: bool = False,
+    **options: Any,
 ) -> list[PoolResult]:
     """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
 
-    Every engine gets the same `policy`, `preemption` mode, host swap space of
-    `swap_blocks` blocks, `enable_prefix_caching` and `decode_graph` (see `Engine`). Raises
-    `DivergentOutputError` when any pool's tokens differ from the first pool's, and
-    ValueError (naming the pool) when a pool cannot take the workload at all.
+    Every engine gets the same `options`: the `EngineConfig` fields other than `num_blocks`
+    (`block_size` and `num_slots` at least). Raises `DivergentOutputError` when any pool's
+    tokens differ from the first pool's, and ValueError (naming the pool) when a pool cannot
+    take the workload at all.
     """
     from tqdm.auto import tqdm
 
@@ -144,17 +138,7 @@ def sweep_pool_sizes(
 
     results = []
     for pool_blocks in tqdm(list(pools), desc="pools", unit="pool", disable=not progress):
-        engine = Engine(
-            model,
-            num_blocks=pool_blocks,
-            block_size=block_size,
-            num_slots=num_slots,
-            policy=policy,
-            preemption=preemption,
-            swap_blocks=swap_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-            decode_graph=decode_graph,
-        )
+        engine = Engine(model, num_blocks=pool_blocks, **options)
         try:
             run = run_workload(engine, workload, clock=clock)
         except ValueError as error:

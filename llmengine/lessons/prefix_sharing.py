@@ -163,7 +163,7 @@ class VictimWatch:
     """
 
     def __init__(self, engine: Engine) -> None:
-        if not engine.scheduler.enable_prefix_caching:
+        if not engine.config.enable_prefix_caching:
             raise ValueError("VictimWatch follows cached blocks: the engine needs prefix caching")
         self.engine = engine
         self.absences: list[Absence] = []

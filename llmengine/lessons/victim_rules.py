@@ -316,7 +316,7 @@ def run_rule(
     arrive_at: Sequence[int] | None = None,
 ) -> Trace:
     """Trace a fresh `rule` scheduler on requests built from (prompt length, budget) pairs."""
-    scheduler = rule(num_blocks, block_size, num_slots)
+    scheduler = rule(num_blocks=num_blocks, block_size=block_size, num_slots=num_slots)
     requests = make_requests(specs, block_size)
     return run_until_drained_or_repeated(scheduler, requests, arrive_at, door)
 

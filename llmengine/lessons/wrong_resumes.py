@@ -16,9 +16,10 @@ catching them. Nothing in the serving core can select them.
 
 from __future__ import annotations
 
+from llmengine.decision import ScheduledRow
 from llmengine.engine import Engine
 from llmengine.request import Request
-from llmengine.scheduler import ScheduledRow, Scheduler
+from llmengine.scheduler import Scheduler
 
 
 class RestartScheduler(Scheduler):

@@ -1,0 +1,107 @@
+"""`llmengine generate`: complete one prompt through the engine, streaming the text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from llmengine.cli.options import (
+    add_device_arguments,
+    add_engine_arguments,
+    add_model_argument,
+    engine_options,
+    load_model,
+)
+from llmengine.sampling import SamplingParams
+
+# The engine options `generate` offers: one request alone needs no pool or policy knobs.
+ENGINE_OPTIONS = ("block_size", "compile", "decode_graph")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Complete one prompt through the engine, printing the text as the tokens arrive.
+
+    stdout gets only the completion (then a newline), so it can be piped; a summary of the
+    generation (tokens, seconds from the request to its last token, tokens/s) goes to stderr.
+    """
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    import llmengine
+    from llmengine.detokenizer import IncrementalDecoder
+
+    model = load_model(args, args.model)
+    tokenizer = llmengine.load_tokenizer(args.model)
+    prompt_ids = tokenizer.encode(args.prompt)
+    options = engine_options(args, ENGINE_OPTIONS)
+    # One request alone: a pool that holds its worst case, so it is never preempted.
+    num_blocks = llmengine.blocks_for_length(
+        len(prompt_ids) + params.max_tokens, options["block_size"]
+    )
+    engine = llmengine.Engine(model, num_blocks=num_blocks, num_slots=1, **options)
+    start = time.perf_counter()
+    request_id = engine.add_request(prompt_ids, params)
+    decoder = IncrementalDecoder(tokenizer)
+    num_tokens = 0
+    while engine.has_unfinished():
+        outcome = engine.step()
+        if request_id in outcome.tokens:
+            num_tokens += 1
+            print_now(decoder.add(outcome.tokens[request_id]))
+    elapsed = time.perf_counter() - start
+    print_now(decoder.finish() + "\n")
+    print(
+        f"llmengine generate: {num_tokens} tokens in {elapsed:.2f} s "
+        f"({num_tokens / elapsed:.0f} tokens/s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def print_now(text: str) -> None:
+    """Write to stdout and flush, so that a reader sees each piece as it is generated."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def add_generate(subparsers: argparse._SubParsersAction) -> None:
+    """`llmengine generate`: complete one prompt through the engine, streaming the text."""
+    defaults = SamplingParams()
+    parser = subparsers.add_parser(
+        "generate",
+        help="complete one prompt",
+        description="Complete one prompt, printing the text as it is generated; "
+        "a summary (tokens, tokens/s) goes to stderr.",
+    )
+    add_model_argument(parser)
+    add_device_arguments(parser)
+    add_engine_arguments(parser, ENGINE_OPTIONS)
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    parser.add_argument(
+        "--max-tokens", type=int, default=defaults.max_tokens, metavar="N",
+        help=f"most tokens to generate (default {defaults.max_tokens})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temperature", type=float, default=defaults.temperature, metavar="T",
+        help="0 is greedy (default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--top-k", type=int, default=defaults.top_k, metavar="K", help="0 keeps all tokens"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=defaults.top_p, metavar="P", help="nucleus mass, in (0, 1]"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="reproducible sampling with this seed"
+    )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens"
+    )
+    parser.set_defaults(handler=run_generate)

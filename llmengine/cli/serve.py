@@ -1,0 +1,117 @@
+"""`llmengine serve`: an OpenAI-compatible HTTP server in front of one engine."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from llmengine.cli.options import (
+    add_device_arguments,
+    add_engine_arguments,
+    add_model_argument,
+    engine_options,
+    load_model,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
+from llmengine.engine_config import EngineConfig
+
+ENGINE_OPTIONS = tuple(field.name for field in fields(EngineConfig))
+NUM_BLOCKS = 256  # the pool `serve` starts with when --num-blocks is not given
+SERVE_FLAGS = {"num_slots": "--max-num-seqs"}  # vLLM's spelling, where a knob has several
+
+
+def origins(text: str) -> list[str]:
+    """An argparse type: comma-separated web origins, e.g. https://a.example,https://b.example."""
+    found = [origin.strip() for origin in text.split(",") if origin.strip()]
+    if not found:
+        raise argparse.ArgumentTypeError(f"expected one or more origins, got {text!r}")
+    return found
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve the model over the OpenAI API until SIGINT or SIGTERM."""
+    import os
+
+    import llmengine
+    from llmengine.loader import model_folder
+    from llmengine.server import create_app, serve
+    from llmengine.server.chat import chat_template_of
+
+    api_key = _api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY"))  # before the load
+    folder = model_folder(args.model)
+    tokenizer = llmengine.load_tokenizer(args.model)
+    engine = llmengine.Engine(
+        load_model(args, args.model), tokenizer=tokenizer, **engine_options(args, ENGINE_OPTIONS)
+    )
+    app = create_app(
+        engine,
+        tokenizer,
+        served_model_name=args.served_model_name or folder.name,
+        api_key=api_key,
+        max_waiting=args.max_waiting,
+        chat_template=chat_template_of(folder, tokenizer),
+        allowed_origins=args.allowed_origins,
+    )
+    return serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
+
+
+def _api_key(given: str | None, from_environment: str | None) -> str | None:
+    """The key `serve` requires: the option's, else the environment's, else none. An empty
+    or blank key is refused, not read as "no key": that would open a server its operator
+    meant to close."""
+    for source, key in (("--api-key", given), ("LLMENGINE_API_KEY", from_environment)):
+        if key is not None:
+            if not key.strip():
+                raise ValueError(f"{source} is empty; leave it out to serve without a key")
+            return key
+    return None
+
+
+def add_serve(subparsers: argparse._SubParsersAction) -> None:
+    """`llmengine serve`: an OpenAI-compatible HTTP server in front of one engine."""
+    from llmengine.server.app import MAX_WAITING
+    from llmengine.server.runner import SHUTDOWN_TIMEOUT
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the OpenAI API over HTTP",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
+        "/metrics from one engine, until SIGINT or SIGTERM.",
+    )
+    add_model_argument(parser)
+    add_device_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=non_negative_int, default=8000, help="default 8000")
+    parser.add_argument(
+        "--served-model-name", default=None, metavar="NAME",
+        help="the model name clients ask for (default: the checkpoint folder's name)",
+    )  # fmt: skip
+    add_engine_arguments(
+        parser, ENGINE_OPTIONS, defaults={"num_blocks": NUM_BLOCKS}, flags=SERVE_FLAGS
+    )
+    parser.add_argument(
+        "--max-waiting", type=positive_int, default=MAX_WAITING, metavar="W",
+        help="most requests left waiting for a slot (each of a request's n choices counts) "
+        "once the free ones are taken; beyond it HTTP 429 with Retry-After. Size it as the "
+        "most clients you expect at once minus --max-num-seqs; a waiting request holds only "
+        f"its prompt (default {MAX_WAITING})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help="require `Authorization: Bearer KEY` on /v1. Prefer $LLMENGINE_API_KEY: a key "
+        "on the command line is visible to every user in the process list (default: "
+        "$LLMENGINE_API_KEY, or no key)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allowed-origins", type=origins, action="extend", default=[], metavar="ORIGINS",
+        help="comma-separated web origins (https://example.org, or *) whose pages may call "
+        "the API from a browser (CORS); none by default",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shutdown-timeout", type=non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",
+        help="on SIGTERM or SIGINT, stop admitting (503) and give the requests in flight up "
+        f"to S seconds to finish before ending them with an error (default {SHUTDOWN_TIMEOUT:g})",
+    )  # fmt: skip
+    parser.set_defaults(handler=run_serve)

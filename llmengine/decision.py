@@ -1,0 +1,84 @@
+"""The scheduler's decision for one iteration, as plain data: rows to compute and block moves.
+
+`Scheduler.schedule()` returns a `SchedulerOutput`; the engine carries it out (swap copies,
+the forward, sampling) and hands the sampled tokens back through `Scheduler.update`. Nothing
+here touches a tensor, which is what lets every scheduling rule be tested without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmengine.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One request's share of the next forward: positions [start, start + num_positions).
+
+    A decode row is one position; a prefill row is a chunk of a (re)admitted request's
+    positions, the whole of them without a budget. `samples` is False only for a chunk that
+    stops short of the request's last token: the forward computes its K/V and nothing is
+    sampled from it.
+
+    `recomputed` counts the row's positions below `request.num_discarded_tokens`: K/V that
+    existed once and an eviction by recompute threw away. By the seeds' rule a victim evicted
+    while decoding counts all its tokens, the last sampled one too (lesson 14's count), so
+    its resumed prefill is all recomputed; a victim evicted mid-prefill counts only the
+    positions it had computed, and the highest count over its evictions is kept, since a
+    position computed once and lost is recomputed however often it was lost.
+
+    `cached` counts the positions before `start_position` that the prefix cache served: a
+    (re)admitted request's first chunk starts where its cached blocks end.
+    """
+
+    request: Request
+    start_position: int
+    num_positions: int
+    is_prefill: bool
+    recomputed: int
+    samples: bool = True
+    cached: int = 0
+
+    @property
+    def end_position(self) -> int:
+        """One past the last position this forward computes: the K/V the row holds after it."""
+        return self.start_position + self.num_positions
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens whose positions this forward computes."""
+        return self.request.token_ids[self.start_position : self.end_position]
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The decision for one iteration: rows to compute, and who was evicted to make room.
+
+    `preempted` lists every victim of the step, by either mode, in the order they were picked
+    (the outcome calls them `evicted`); `swapped_out` the ones whose K/V went to the swap
+    space (the rest were preempted by recompute), and `swapped_in` the swapped requests that
+    came back, each as a decode row. The block moves are (from, to) pairs:
+    `blocks_to_swap_out` device block -> host block, `blocks_to_swap_in` host block -> device
+    block. The cache must copy every swap-out, then every swap-in, then run the forward: a
+    device block a victim gave up may already belong to a row or to a swapped-in request in
+    this same decision. (Host blocks freed by a swap-in are never handed to a swap-out of the
+    same decision: growth, which preempts, runs before swap-in.)
+
+    `admitted` lists the requests admitted from the waiting queue (fresh or resumed), each in
+    the decision that gives it its first prefill chunk.
+
+    `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
+    the forward runs on, before `update` takes back what finished requests held.
+    `held_swap_blocks` counts the swap space's booked blocks at the same moment.
+    """
+
+    rows: list[ScheduledRow] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swapped_out: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    held_blocks: int = 0
+    held_swap_blocks: int = 0
