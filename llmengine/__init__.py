@@ -18,6 +18,7 @@ from llmengine.contiguous_cache import ContiguousKVCache as ContiguousKVCache
 from llmengine.contiguous_cache import contiguous_forward as contiguous_forward
 from llmengine.detokenizer import IncrementalDecoder as IncrementalDecoder
 from llmengine.engine import Engine as Engine
+from llmengine.engine_config import EngineConfig as EngineConfig
 from llmengine.generation import generate_tokens as generate_tokens
 from llmengine.loader import embedded_model_path as embedded_model_path
 from llmengine.loader import load_model as load_model

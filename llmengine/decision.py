@@ -50,6 +50,35 @@ class ScheduledRow:
         """The tokens whose positions this forward computes."""
         return self.request.token_ids[self.start_position : self.end_position]
 
+    @classmethod
+    def decode(cls, request: Request) -> ScheduledRow:
+        """One position: the request's last token, whose K/V the forward computes."""
+        return cls(request, request.num_tokens - 1, 1, is_prefill=False, recomputed=0)
+
+    @classmethod
+    def prefill_chunk(cls, request: Request, max_positions: int | None = None) -> ScheduledRow:
+        """The next chunk of `request`'s prefill: from its first position without K/V, at most
+        `max_positions` of them (None: all the rest).
+
+        A (re)admitted request starts over its prompt, or, resumed, over prompt plus the tokens
+        it generated: resume, not restart, so it samples the token it would have sampled anyway.
+        Its first chunk starts after the positions its cached prefix served. The chunk that
+        reaches its last token samples; the others do not.
+        """
+        start = request.block_table.num_tokens
+        end = request.num_tokens
+        if max_positions is not None:
+            end = min(end, start + max_positions)
+        return cls(
+            request,
+            start_position=start,
+            num_positions=end - start,
+            is_prefill=True,
+            recomputed=max(0, min(end, request.num_discarded_tokens) - start),
+            samples=end == request.num_tokens,
+            cached=0 if request.prefilling else start,
+        )
+
 
 @dataclass(slots=True)
 class SchedulerOutput:

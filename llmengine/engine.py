@@ -3,11 +3,10 @@
 `step()` is one scheduling decision and one forward over every scheduled row: fresh prefills,
 resumed prefills (prompt plus the tokens generated before the preemption: resume, not
 restart) and decodes, all in the same call. Under a `max_num_batched_tokens` budget a prefill
-may be a chunk of its request's positions; only the chunk that reaches a request's last
-token is sampled. Before the forward it carries out the decision's
-swaps: every block copied out to host memory, then every block copied back in. A request that
-gets its last token gives its blocks and slot back in that same step, so a run ends with the
-step that finishes it. The step reports what happened as an `IterationOutcome`, which is all a
+may be a chunk of its request's positions; only the chunk that reaches a request's last token
+is sampled. Before the forward the cache carries out the decision's swaps. A request that gets
+its last token gives its blocks and slot back in that same step, so a run ends with the step
+that finishes it. The step reports what happened as an `IterationOutcome`, which is all a
 benchmark needs to see.
 """
 
@@ -18,20 +17,18 @@ from typing import Any
 
 import torch
 
-from llmengine.compiled import compiled_layer_steps, warm_up
+from llmengine.compiled import CompiledLayers
 from llmengine.decision import ScheduledRow
 from llmengine.decode_graph import DecodeGraphs, buckets_for
 from llmengine.engine_config import EngineConfig
-from llmengine.model import LayerSteps, Llama
-from llmengine.outcome import IterationOutcome, Sampled, TokenLogprobs, build_outcome
+from llmengine.model import Llama
+from llmengine.outcome import IterationOutcome, TokenLogprobs, build_outcome
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.params import check_prompt
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.request import Request, RequestState
-from llmengine.sampling import SamplingParams, make_generator, sample_tokens, token_logprobs
+from llmengine.sampling import SamplingParams, make_generator, sample_rows
 from llmengine.scheduler import Scheduler
-
-NOT_FINITE = "the model's logits were not finite"
 
 
 class Engine:
@@ -68,11 +65,11 @@ class Engine:
         self.tokenizer = tokenizer
         # Compiled halves of every layer (llmengine.compiled), compiled here rather than on
         # the first requests; compile_seconds says what that cost.
-        self.layer_steps: LayerSteps | None = None
+        self.compiled_layers: CompiledLayers | None = None
         self.compile_seconds = 0.0
         if config.compile:
-            self.layer_steps = compiled_layer_steps()
-            self.compile_seconds = warm_up(model, self.layer_steps)
+            self.compiled_layers = CompiledLayers()
+            self.compile_seconds = self.compiled_layers.warm_up(model)
         self.scheduler = self.scheduler_class(config)
         parameter = next(model.parameters())
         # The decode graphs pad a batch up to its bucket; the padding rows write their K/V into
@@ -253,7 +250,7 @@ class Engine:
         decision = self.scheduler.schedule()
         self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
         logits, prompt_logprobs = self._forward(decision.rows)
-        sampled = self._sample(decision.rows, logits)
+        sampled = sample_rows(decision.rows, logits, self._generators)
         finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
         self._forget(request.request_id for request in finished)
         for request_id in sampled.failed:
@@ -278,8 +275,8 @@ class Engine:
             return self.decode_graphs(rows, bucket), {}
         plan = self.prompt_logprobs.plan(scheduled)
         if plan is None:
-            return paged_forward(self.model, self.cache, rows, self.layer_steps), {}
-        logits = paged_forward(self.model, self.cache, rows, self.layer_steps, plan.logits_at)
+            return paged_forward(self.model, self.cache, rows, self.compiled_layers), {}
+        logits = paged_forward(self.model, self.cache, rows, self.compiled_layers, plan.logits_at)
         sampling, owed = plan.split(logits)
         return sampling, self.prompt_logprobs.score(plan, owed)
 
@@ -291,44 +288,6 @@ class Engine:
         ):
             return None
         return self.decode_graphs.graph_for(len(rows))
-
-    def _sample(self, rows: list[ScheduledRow], logits: torch.Tensor) -> Sampled:
-        """One token per sampling row, each from its own request's parameters, history and
-        generator; the log-probabilities of those whose request asked for them; and the
-        requests whose logits were not finite, which get no token (a NaN or an infinity
-        would otherwise come out as some arbitrary token, and the text as garbage).
-
-        A prefill chunk that stops short of its request's last token is skipped: its logits
-        predict a token the request already has, and drawing for it would move the generator.
-        """
-        sampled = Sampled()
-        sampling = [index for index, row in enumerate(rows) if row.samples]
-        if not sampling:
-            return sampled
-        finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()
-        for index, ok in zip(sampling, finite, strict=True):
-            if not ok:
-                sampled.failed[rows[index].request.request_id] = (
-                    "the model's logits were not finite"
-                )
-        indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
-        if not indices:
-            return sampled
-        requests = [rows[index].request for index in indices]
-        logits = logits[indices]
-        tokens = sample_tokens(
-            logits,
-            [request.params for request in requests],
-            [self._generators[request.request_id] for request in requests],
-            [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
-        )
-        for row, (request, token) in enumerate(zip(requests, tokens, strict=True)):
-            sampled.tokens[request.request_id] = token
-            if request.params.logprobs is not None:
-                sampled.logprobs[request.request_id] = token_logprobs(
-                    logits[row], token, request.params.logprobs
-                )
-        return sampled
 
     def _forget(self, request_ids: Iterable[int]) -> None:
         """Drop what the engine kept to sample for requests that are done."""

@@ -116,6 +116,13 @@ class Request:
             )
         self.state = state
 
+    def discard_kv(self) -> None:
+        """Preempted by recompute: record what is lost for the resumed prefill's `recomputed`
+        (the positions with K/V of a prefill cut short, every token of a decoding request)."""
+        lost = self.block_table.num_tokens if self.prefilling else self.num_tokens
+        self.num_discarded_tokens = max(self.num_discarded_tokens, lost)
+        self.prefilling = False
+
     def append_token(self, token_id: int, eos_token_ids: tuple[int, ...] = ()) -> str | None:
         """Record a sampled token; return why the request is now done, or None."""
         self.token_ids.append(token_id)

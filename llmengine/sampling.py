@@ -1,8 +1,9 @@
 """How a request turns logits into its next token.
 
-`sample_tokens` picks one token per row of a batch of logits; every seeded request draws from
-its own `torch.Generator`, and rows are sampled one at a time, so a seeded request gets the
-same tokens whatever else shares its batch. Every token stays on the logits' device until
+`sample_tokens` picks one token per row of a batch of logits (`sample_rows` does it for a
+step's scheduled rows); every seeded request draws from its own `torch.Generator`, and rows
+are sampled one at a time, so a seeded request gets the same tokens whatever else shares its
+batch. Every token stays on the logits' device until
 `sample_tokens` returns, which reads them all back in one transfer: on a GPU a step waits for
 the device once, not once per row (a top-p row alone waits once more, to cut its candidates).
 `SamplingParams` and the stop rule `finish_reason` live in `llmengine.params` (no tensors) and
@@ -11,12 +12,16 @@ are re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from llmengine.outcome import TokenLogprobs
+from llmengine.outcome import Sampled, TokenLogprobs
 from llmengine.params import FinishReason, SamplingParams, finish_reason
+
+if TYPE_CHECKING:
+    from llmengine.decision import ScheduledRow
 
 # One row's tokens so far and how many of them are the prompt: what a penalty looks at.
 History = tuple[Sequence[int], int]
@@ -31,6 +36,7 @@ __all__ = [
     "draw_one",
     "finish_reason",
     "make_generator",
+    "sample_rows",
     "sample_tokens",
     "token_logprobs",
 ]
@@ -164,3 +170,44 @@ def sample_tokens(
         else:
             tokens[row : row + 1] = _sample_row(row_logits, row_params, generator)
     return tokens.tolist()
+
+
+def sample_rows(
+    rows: Sequence[ScheduledRow],
+    logits: torch.Tensor,
+    generators: Mapping[int, torch.Generator | None],
+) -> Sampled:
+    """One token per sampling row of a step, each from its own request's parameters, history
+    and generator (by request id); the log-probabilities of those whose request asked; and
+    the requests whose logits were not finite, which get no token (a NaN or an infinity would
+    otherwise come out as some arbitrary token, and the text as garbage).
+
+    A prefill chunk that stops short of its request's last token is skipped: its logits
+    predict a token the request already has, and drawing for it would move the generator.
+    """
+    sampled = Sampled()
+    sampling = [index for index, row in enumerate(rows) if row.samples]
+    if not sampling:
+        return sampled
+    finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()
+    for index, ok in zip(sampling, finite, strict=True):
+        if not ok:
+            sampled.failed[rows[index].request.request_id] = "the model's logits were not finite"
+    indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
+    if not indices:
+        return sampled
+    requests = [rows[index].request for index in indices]
+    logits = logits[indices]
+    tokens = sample_tokens(
+        logits,
+        [request.params for request in requests],
+        [generators[request.request_id] for request in requests],
+        [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
+    )
+    for row, (request, token) in enumerate(zip(requests, tokens, strict=True)):
+        sampled.tokens[request.request_id] = token
+        if request.params.logprobs is not None:
+            sampled.logprobs[request.request_id] = token_logprobs(
+                logits[row], token, request.params.logprobs
+            )
+    return sampled

@@ -142,7 +142,7 @@ class Scheduler:
                 continue  # it was its own victim; the next request now sits at `granted`
             self.blocks.allocate(request, needed)
             if not request.prefilling:  # a prefill's next chunk waits for the decodes
-                self._add_row(self._decode_row(request), out)
+                self._add_row(ScheduledRow.decode(request), out)
             granted += 1
 
     def _swap_in(self, out: SchedulerOutput) -> None:
@@ -159,7 +159,7 @@ class Scheduler:
             out.blocks_to_swap_in.extend(self.swap.swap_in(request, device_ids[:num_host]))
             self._seat(request, RequestState.RUNNING)
             out.swapped_in.append(request)
-            self._add_row(self._decode_row(request), out)
+            self._add_row(ScheduledRow.decode(request), out)
 
     def _continue_prefill(self, out: SchedulerOutput) -> None:
         """The running request part way through its prefill, if any, gets its next chunk.
@@ -228,37 +228,9 @@ class Scheduler:
         return candidates[-1]
 
     def prefill_row(self, request: Request, max_positions: int | None = None) -> ScheduledRow:
-        """The next chunk of `request`'s prefill: from its first position without K/V, at most
-        `max_positions` of them (None: all the rest).
-
-        A (re)admitted request starts over its prompt, or, resumed, over prompt plus the tokens
-        it generated: resume, not restart, so it samples the token it would have sampled anyway.
-        Its first chunk starts after the positions its cached prefix served. The chunk that
-        reaches its last token samples; the others do not.
-        """
-        start = request.block_table.num_tokens
-        end = request.num_tokens
-        if max_positions is not None:
-            end = min(end, start + max_positions)
-        return ScheduledRow(
-            request,
-            start_position=start,
-            num_positions=end - start,
-            is_prefill=True,
-            recomputed=max(0, min(end, request.num_discarded_tokens) - start),
-            samples=end == request.num_tokens,
-            cached=0 if request.prefilling else start,
-        )
-
-    @staticmethod
-    def _decode_row(request: Request) -> ScheduledRow:
-        return ScheduledRow(
-            request,
-            start_position=request.num_tokens - 1,
-            num_positions=1,
-            is_prefill=False,
-            recomputed=0,
-        )
+        """The next chunk of `request`'s prefill, at most `max_positions` (None: all the rest):
+        resume, not restart (`ScheduledRow.prefill_chunk`)."""
+        return ScheduledRow.prefill_chunk(request, max_positions)
 
     # -- preemption --------------------------------------------------------------------
 
@@ -280,14 +252,8 @@ class Scheduler:
         victim.num_preemptions += 1
 
     def _preempt_by_recompute(self, request: Request) -> None:
-        """Blocks and slot back, tokens kept, head of the waiting queue.
-
-        Records what is thrown away for the resumed prefill's `recomputed`: the positions with
-        K/V of a prefill cut short, every token of a decoding request.
-        """
-        lost = request.block_table.num_tokens if request.prefilling else request.num_tokens
-        request.num_discarded_tokens = max(request.num_discarded_tokens, lost)
-        request.prefilling = False
+        """K/V thrown away, blocks and slot back, tokens kept, head of the waiting queue."""
+        request.discard_kv()
         self._release(request)
         request.move_to(RequestState.WAITING)
         self.waiting.appendleft(request)
