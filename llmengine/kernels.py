@@ -233,8 +233,9 @@ class ChosenKernels:
     """A weight's products, each through the kernel chosen for its row count.
 
     `choice` maps a bucket's upper row count to a kernel name; a product of `r` rows uses the
-    first bucket with at least `r` rows, and the largest bucket beyond it. Only the kernels
-    some bucket chose are prepared (each prepared copy costs the weight's memory again).
+    first bucket with at least `r` rows, and the largest bucket beyond it. An empty choice
+    is eager `F.linear` for every row count. Only the kernels some bucket chose are prepared
+    (each prepared copy costs the weight's memory again).
     """
 
     def __init__(self, weight: torch.Tensor, choice: dict[int, str]) -> None:
@@ -242,16 +243,21 @@ class ChosenKernels:
         self.bounds = sorted(choice)
         self.names = [choice[rows] for rows in self.bounds]
         self.operands = {name: KERNELS[name].prepare(weight) for name in set(self.names)}
+        self.is_eager = set(self.names) <= {"eager"}
 
     def kernel_for(self, rows: int) -> str:
         """The kernel a product of `rows` rows goes through."""
         for bound, name in zip(self.bounds, self.names, strict=True):
             if rows <= bound:
                 return name
-        return self.names[-1]
+        return self.names[-1] if self.names else "eager"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the chosen kernel."""
+        # Inductor cannot lower the prepared kernels for a symbolic row count: a compiled
+        # forward takes the plain weight and leaves the product to inductor's own choice.
+        if self.is_eager or torch.compiler.is_compiling():
+            return F.linear(x, self.weight, bias)
         rows = x.reshape(-1, x.shape[-1])
         name = self.kernel_for(rows.shape[0])
         if name == "eager":

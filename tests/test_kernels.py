@@ -107,6 +107,16 @@ def test_each_row_count_goes_through_its_buckets_kernel():
         assert (chosen.linear(x) - F.linear(x, weight)).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("choice", [{}, {4: "eager", 64: "eager"}], ids=["empty", "all eager"])
+def test_an_eager_choice_is_one_plain_linear(choice):
+    weight = random_weight(24, 16)
+    chosen = ChosenKernels(weight, choice)
+    assert chosen.is_eager and chosen.kernel_for(500) == "eager"
+    x = torch.randn(2, 9, 16)
+    assert operator_counts(lambda: chosen.linear(x)) == operator_counts(lambda: F.linear(x, weight))
+    assert torch.equal(chosen.linear(x), F.linear(x, weight))
+
+
 @pytest.fixture(scope="module")
 def measured_and_eager(tmp_path_factory):
     folder = tmp_path_factory.mktemp("random")
