@@ -33,6 +33,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from llmengine.model import Llama
 from llmengine.paged_cache import PagedKVCache, PagedRow, block_table_tensor, paged_forward
 from llmengine.rope import apply_rotary
+from llmengine.speed import PreparedLlama, fused_weights
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 # Inductor settings, chosen by measurement (reports/wallclock/decode-graph.md): frozen weights
@@ -51,26 +52,22 @@ def buckets_for(num_slots: int, buckets: Sequence[int] = BUCKETS) -> list[int]:
 class DecodeForward(nn.Module):
     """One decode step of `model` as a pure tensor function (what gets compiled).
 
-    The weight of every product group (`Llama.linear_groups`: head, then per layer QKV,
-    output, gate-up, down) is registered here as a parameter, fused, so that inductor's
-    freezing folds it as a constant (a `LinearGroup`'s fused weight is a plain tensor
-    attribute, which it would not).
+    The weight of every product (`fused_weights`) is registered here as a parameter, so that
+    inductor's freezing folds it as a constant (a prepared product's fused weight is a plain
+    tensor attribute, which it would not).
     """
 
     def __init__(self, model: Llama) -> None:
         super().__init__()
-        if any(group.int8 is not None for group in model.linear_groups()):
+        if isinstance(model, PreparedLlama) and model.quantization == "int8":
             # The graph multiplies by the float weights it folds in, not by int8 copies.
             raise ValueError("the decode graph does not take an int8-quantised model")
         self.model = model
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterDict()
-        for index, group in enumerate(model.linear_groups()):
-            layers = group.layers
-            weight = group.weight if group.is_fused else torch.cat([x.weight for x in layers])
+        for index, (weight, bias) in enumerate(fused_weights(model)):
             self.weights.append(nn.Parameter(weight, requires_grad=False))
-            if getattr(layers[0], "bias", None) is not None:
-                bias = group.bias if group.is_fused else torch.cat([x.bias for x in layers])  # type: ignore[attr-defined]
+            if bias is not None:
                 self.biases[str(index)] = nn.Parameter(bias, requires_grad=False)
 
     def _linear(self, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +227,7 @@ class DecodeGraphs:
 
     On CUDA the same buckets go through inductor's CUDA graphs (`triton.cudagraphs`), with
     the cache tensors marked as static addresses so that mutating them does not disable
-    them. That path is written but UNTESTED: no GPU was available when it was written.
+    them. No test covers that path: `tests/test_cuda.py` builds no decode graph.
     """
 
     def __init__(

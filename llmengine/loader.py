@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from llmengine.config import DTYPES, LlamaConfig
 from llmengine.model import Llama
 from llmengine.projections import check_preparation
+from llmengine.speed import PreparedLlama, prepare_for_speed
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -44,9 +45,9 @@ def load_model(
     device: str | torch.device = "cpu",
     kernels: str = "measured",
     quantization: str | None = None,
-) -> Llama:
-    """Load a Llama checkpoint folder, in eval mode with gradients off, its matrix products
-    prepared (`Llama.prepare_kernels`: projections fused, and each product's kernel chosen
+) -> PreparedLlama:
+    """Load a Llama checkpoint folder, in eval mode with gradients off, prepared for speed
+    (`llmengine.speed.prepare_for_speed`: projections fused, and each product's kernel chosen
     for each row count: `"measured"` on this machine, the default; `"packed"`, MKL's packed
     copy for 4 to 48 rows without measuring; `"eager"`, plain `F.linear`).
     `quantization="int8"` multiplies by int8 copies of the weights instead (weight-only, one
@@ -74,7 +75,7 @@ def load_model(
     }
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return model.to(target_device).eval().prepare_kernels(kernels, quantization)
+    return prepare_for_speed(model.to(target_device).eval(), kernels, quantization)
 
 
 class SkipInitialisation(TorchFunctionMode):

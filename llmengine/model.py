@@ -3,12 +3,14 @@
 The model computes hidden states for the positions it is given and knows nothing about
 caches: attention over earlier positions is delegated to an `AttentionHook`. With no
 hook, every call is a plain causal forward over the tokens passed in.
+
+Nor does it know about speed: every projection is a plain `nn.Linear`. `llmengine.speed`
+prepares a loaded model afterwards (fused projections, a kernel chosen for each weight)
+without changing what it computes; this file reads the same without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -16,8 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmengine.config import LlamaConfig
-from llmengine.kernels import KernelMeasurement
-from llmengine.projections import LinearGroup
 from llmengine.rope import RotaryEmbedding, apply_rotary
 
 
@@ -98,15 +98,17 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.qkv = LinearGroup(self.q_proj, self.k_proj, self.v_proj)
-        self.output_projection = LinearGroup(self.o_proj)
+
+    def qkv_projections(self, x: torch.Tensor) -> torch.Tensor:
+        """`q_proj(x)`, `k_proj(x)` and `v_proj(x)` side by side in the last dimension."""
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values `[B, S, heads, head_dim]`, rotary applied to q and k."""
         batch, seq, _ = x.shape
-        heads = self.qkv(x).view(batch, seq, -1, self.head_dim)
+        heads = self.qkv_projections(x).view(batch, seq, -1, self.head_dim)
         # Queries and keys are rotated by the same angles: one rotation of both, side by side.
         rotated = apply_rotary(heads[:, :, : self.num_heads + self.num_kv_heads], cos, sin)
         q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=2)
@@ -124,10 +126,6 @@ class Attention(nn.Module):
             return grouped_query_attention(q, k, v, is_causal=True)
         return attention.attend(self.layer_index, q, k, v)
 
-    def output(self, attended: torch.Tensor) -> torch.Tensor:
-        """Merge the heads `[B, S, heads, head_dim]` and project back to the hidden size."""
-        return self.output_projection(attended.flatten(2))
-
     def forward(
         self,
         x: torch.Tensor,
@@ -135,7 +133,8 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         attention: AttentionHook | None,
     ) -> torch.Tensor:
-        return self.output(self.attend(*self.project(x, cos, sin), attention))
+        attended = self.attend(*self.project(x, cos, sin), attention)
+        return self.o_proj(attended.flatten(2))  # the heads merged, back to the hidden size
 
 
 class MLP(nn.Module):
@@ -147,16 +146,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.gate_up = LinearGroup(self.gate_proj, self.up_proj)
-        self.down = LinearGroup(self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.split(x)
-        return self.down(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)).
+
+    Only attention mixes positions; everything else treats each position on its own.
+    """
 
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
         super().__init__()
@@ -165,45 +164,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def attention_inputs(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Everything before attention: norm, then the rotated queries, keys and values."""
-        return self.self_attn.project(self.input_layernorm(x), cos, sin)
-
-    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Everything after: output projection and residual, then norm, MLP and residual."""
-        x = x + self.self_attn.output(attended)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: AttentionHook | None,
-        steps: LayerSteps | None = None,
     ) -> torch.Tensor:
-        """One layer. Only attention mixes positions; the rest treats each one on its own,
-        which is why `steps` (say, compiled versions of the two halves) can replace it."""
-        steps = EAGER_STEPS if steps is None else steps
-        q, k, v = steps.attention_inputs(self, x, cos, sin)
-        return steps.after_attention(self, x, self.self_attn.attend(q, k, v, attention))
-
-
-@dataclass(frozen=True, slots=True)
-class LayerSteps:
-    """The two position-wise halves of a decoder layer, as functions of (layer, tensors...).
-
-    Eager they are `DecoderLayer`'s own methods; `llmengine.compiled` supplies compiled ones.
-    Attention, which differs in shape from step to step, always runs between them as it is.
-    """
-
-    attention_inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    after_attention: Callable[..., torch.Tensor]
-
-
-EAGER_STEPS = LayerSteps(DecoderLayer.attention_inputs, DecoderLayer.after_attention)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Llama(nn.Module):
@@ -225,54 +194,6 @@ class Llama(nn.Module):
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.output_head = LinearGroup(self.embed_tokens if self.lm_head is None else self.lm_head)
-        # Loading weights writes into (or, with assign=True, replaces) the parameters; the
-        # fused and packed copies are rebuilt from them so they never serve stale weights.
-        self.register_load_state_dict_post_hook(lambda model, _: model._refresh_linear_groups())
-
-    def linear_groups(self) -> list[LinearGroup]:
-        """Every matrix product of a forward, as the groups that compute it (see projections)."""
-        groups = [self.output_head]
-        for layer in self.layers:
-            attention, mlp = layer.self_attn, layer.mlp
-            groups += [attention.qkv, attention.output_projection, mlp.gate_up, mlp.down]
-        return groups
-
-    def prepare_kernels(self, kernels: str = "measured", quantization: str | None = None) -> Llama:
-        """Fuse, then give every matrix product its kernel for each row count
-        (`LinearGroup.prepare_kernels`: `"measured"`, `"packed"` or `"eager"`), or with
-        `quantization="int8"` an int8 copy of every weight. Returns the model.
-
-        Prepared copies are made now: a weight changed in place later is not seen by them
-        until this runs again (moving the model with `.to()` or loading a state dict prepares
-        it again by itself).
-        """
-        for group in self.linear_groups():
-            group.prepare_kernels(kernels, quantization)
-        return self
-
-    def kernel_measurements(self) -> dict[str, KernelMeasurement]:
-        """What `prepare_kernels("measured")` timed, by product: `qkv`, `o`, `gate_up`, `down`
-        (the same shape in every layer, so measured once) and `head`."""
-        first = self.layers[0]
-        groups = {
-            "qkv": first.self_attn.qkv,
-            "o": first.self_attn.output_projection,
-            "gate_up": first.mlp.gate_up,
-            "down": first.mlp.down,
-            "head": self.output_head,
-        }
-        return {name: g.measurement for name, g in groups.items() if g.measurement is not None}
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Llama:
-        # `.to()`, `.half()` and friends replace each parameter; the prepared copies follow.
-        super()._apply(fn, recurse)
-        self._refresh_linear_groups()
-        return self
-
-    def _refresh_linear_groups(self) -> None:
-        for group in self.linear_groups():
-            group.refresh()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain causal forward, no cache: `[B, S]` token ids to `[B, S, vocab]` logits."""
@@ -285,20 +206,20 @@ class Llama(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         attention: AttentionHook | None = None,
-        steps: LayerSteps | None = None,
     ) -> torch.Tensor:
         """Final normed hidden states `[B, S, hidden]` for tokens at the given positions.
 
         `positions` `[B, S]` drives the rotary angles, so each row may start anywhere.
         `attention` decides what the new queries see; None means causal over `input_ids`.
-        `steps` replaces the layers' position-wise halves (None: eager).
         """
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, attention, steps)
+            x = layer(x, cos, sin, attention)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project hidden states to vocabulary logits (only where the caller needs them)."""
-        return self.output_head(hidden)
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight)
+        return self.lm_head(hidden)

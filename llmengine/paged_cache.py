@@ -24,9 +24,10 @@ from itertools import accumulate
 import torch
 
 from llmengine.blocks import blocks_for_length
+from llmengine.compiled import CompiledLayers
 from llmengine.config import LlamaConfig
 from llmengine.contiguous_cache import zeroed_kv
-from llmengine.model import LayerSteps, Llama, causal_mask, grouped_query_attention
+from llmengine.model import Llama, causal_mask, grouped_query_attention
 
 
 @dataclass(slots=True)
@@ -256,12 +257,13 @@ def paged_forward(
     model: Llama,
     cache: PagedKVCache,
     rows: list[PagedRow],
-    steps: LayerSteps | None = None,
+    compiled: CompiledLayers | None = None,
     logits_at: list[int] | None = None,
 ) -> torch.Tensor:
     """One forward over rows of any lengths; logits `[len(rows), vocab]` at each last new position.
 
-    `steps` replaces the layers' position-wise halves (compiled ones, say); None runs eager.
+    `compiled` runs the layers' position-wise halves compiled (`llmengine.compiled`); None
+    runs the model eager.
     `logits_at` asks for logits at other new positions instead, by index into the rows' new
     tokens packed in order (row 0's, then row 1's, ...): `[len(logits_at), vocab]`.
     Computes every new token's position (no pad) and leaves its K/V in the cache, so the next
@@ -273,7 +275,10 @@ def paged_forward(
     input_ids = torch.tensor(
         [[token for row in rows for token in row.token_ids]], device=cache.device
     )
-    hidden = model.forward_hidden(input_ids, attention.positions, attention, steps)
+    if compiled is None:
+        hidden = model.forward_hidden(input_ids, attention.positions, attention)
+    else:
+        hidden = compiled.forward_hidden(model, input_ids, attention.positions, attention)
     if logits_at is None:
         return model.compute_logits(hidden[0, attention.last_new])
     return model.compute_logits(hidden[0, torch.tensor(logits_at, device=cache.device)])

@@ -10,17 +10,17 @@ from torch._dynamo.utils import counters
 
 import llmengine
 from llmengine.cli import main
-from llmengine.compiled import compiled_layer_steps, warm_up
+from llmengine.compiled import CompiledLayers
 from llmengine.loader import load_model
 
 
 @pytest.fixture(scope="module")
-def steps():
+def layers():
     """One set of compiled halves for the whole file: each compile costs seconds."""
-    return compiled_layer_steps()
+    return CompiledLayers()
 
 
-def test_compiled_logits_match_transformers(tmp_path, steps):
+def test_compiled_logits_match_transformers(tmp_path, layers):
     hf = save_random_llama(tmp_path)
     model = load_model(tmp_path)
     ids = torch.randint(
@@ -28,25 +28,25 @@ def test_compiled_logits_match_transformers(tmp_path, steps):
     )
     positions = torch.arange(ids.shape[1])[None]
     with torch.inference_mode():
-        compiled = model.compute_logits(model.forward_hidden(ids, positions, steps=steps))
+        compiled = model.compute_logits(layers.forward_hidden(model, ids, positions))
         expected = hf(ids).logits
     assert (compiled - expected).abs().max().item() < 1e-4
 
 
-def test_compiled_engine_generates_the_eager_tokens(model, steps):
+def test_compiled_engine_generates_the_eager_tokens(model, layers):
     prompts = [[1, 5, 9, 13, 2, 7][: 2 + index] for index in range(5)]
     params = llmengine.SamplingParams(max_tokens=12, ignore_eos=True)
     eager = llmengine.Engine(model, num_blocks=24, num_slots=3).generate(prompts, params)
     engine = llmengine.Engine(model, num_blocks=24, num_slots=3)
-    engine.layer_steps = steps
+    engine.compiled_layers = layers
     assert engine.generate(prompts, params) == eager
 
 
-def test_warm_up_compiles_every_size_once(model, steps):
-    warm_up(model, steps)
+def test_warm_up_compiles_every_size_once(model, layers):
+    layers.warm_up(model)
     graphs = counters["stats"]["unique_graphs"]
     engine = llmengine.Engine(model, num_blocks=40, num_slots=8)
-    engine.layer_steps = steps
+    engine.compiled_layers = layers
     prompts = [[3] * length for length in (1, 4, 9, 17, 30)]
     engine.generate(prompts, llmengine.SamplingParams(max_tokens=20, ignore_eos=True))
     assert counters["stats"]["unique_graphs"] == graphs
@@ -54,9 +54,9 @@ def test_warm_up_compiles_every_size_once(model, steps):
 
 def test_engine_compile_flag_compiles_at_construction(model):
     engine = llmengine.Engine(model, num_blocks=8, compile=True)
-    assert engine.layer_steps is not None
+    assert engine.compiled_layers is not None
     assert engine.compile_seconds > 0
-    assert llmengine.Engine(model, num_blocks=8).layer_steps is None
+    assert llmengine.Engine(model, num_blocks=8).compiled_layers is None
 
 
 def test_serve_takes_compile_to_the_engine(monkeypatch, capsys):

@@ -9,7 +9,8 @@ from hf_llama import save_random_llama
 from llmengine.bench.throughput import operator_counts
 from llmengine.kernels import PACKED_ROWS, ChosenKernels, PackedWeight, can_pack, packed_choice
 from llmengine.loader import load_model
-from llmengine.model import Llama
+from llmengine.model import MLP, Attention, Llama
+from llmengine.speed import FusedAttention, FusedMLP, PreparedLlama, prepare_for_speed, products
 
 
 def unfused_copy(model: Llama) -> Llama:
@@ -32,9 +33,13 @@ def ids_for(model: Llama) -> torch.Tensor:
 
 def test_load_model_fuses_every_layer(fused_model):
     for layer in fused_model.layers:
-        assert layer.self_attn.qkv.is_fused
-        assert layer.mlp.gate_up.is_fused
-    assert not unfused_copy(fused_model).layers[0].self_attn.qkv.is_fused
+        assert isinstance(layer.self_attn, FusedAttention)
+        assert isinstance(layer.mlp, FusedMLP)
+    plain = unfused_copy(fused_model)
+    assert type(plain) is Llama
+    assert type(plain.layers[0].self_attn) is Attention and type(plain.layers[0].mlp) is MLP
+    linears = [module for module in plain.modules() if isinstance(module, torch.nn.Linear)]
+    assert {type(linear) for linear in linears} == {torch.nn.Linear}
 
 
 def test_fused_logits_equal_unfused(fused_model):
@@ -63,12 +68,13 @@ def test_names_and_count_of_parameters_unchanged(fused_model):
 
 def test_conversion_keeps_the_fused_matrix_in_step(fused_model):
     fused_model.to(torch.float64)
-    projections = fused_model.layers[1].mlp.gate_up
+    mlp = fused_model.layers[1].mlp
+    projections = mlp.gate_up
     assert projections.weight.dtype == torch.float64
-    assert fused_model.layers[1].mlp.up_proj.weight.data_ptr() != projections.weight.data_ptr()
+    assert mlp.up_proj.weight.data_ptr() != projections.weight.data_ptr()
     assert all(
         layer.weight.untyped_storage().data_ptr() == projections.weight.untyped_storage().data_ptr()
-        for layer in projections.layers
+        for layer in (mlp.gate_proj, mlp.up_proj)
     )
 
 
@@ -80,7 +86,7 @@ def test_loading_weights_into_a_packed_model_repacks(fused_model, tmp_path):
     ids = ids_for(fused_model)
     for assign in (False, True):
         fused_model.load_state_dict(unfused_copy(other).state_dict(), assign=assign)
-        assert all(group.is_packed for group in fused_model.linear_groups())
+        assert all(product.is_packed for product in products(fused_model))
         with torch.inference_mode():
             assert (fused_model(ids) - other(ids)).abs().max().item() < 1e-5
 
@@ -92,12 +98,14 @@ def test_fusing_leaves_three_matrix_products_per_layer(fused_model):
         fused = operator_counts(lambda: fused_model(ids))
         unfused = operator_counts(lambda: unfused_model(ids))
 
-    def products(counts) -> int:
+    def linear_calls(counts) -> int:
         return counts["aten.linear.default"] + counts["mkl._mkl_linear.default"]
 
     layers = fused_model.config.num_hidden_layers
-    assert products(unfused) == 7 * layers + 1  # q, k, v, o, gate, up, down; the output head
-    assert products(fused) == 4 * layers + 1  # qkv, o, gate-up, down
+    assert linear_calls(unfused) == 7 * layers + 1  # q, k, v, o, gate, up, down; the head
+    assert linear_calls(fused) == 4 * layers + 1  # qkv, o, gate-up, down
+    assert len(products(unfused_model)) == linear_calls(unfused)
+    assert len(products(fused_model)) == linear_calls(fused)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 48, 49, 200])
@@ -130,7 +138,17 @@ def test_only_float32_cpu_weights_are_packed():
 
 def test_bfloat16_model_is_fused_but_not_packed(fused_model):
     fused_model.to(torch.bfloat16)
-    groups = fused_model.linear_groups()
-    assert all(group.is_fused and not group.is_packed for group in groups)
+    converted = products(fused_model)
+    assert len(converted) == 4 * fused_model.config.num_hidden_layers + 1
+    assert not any(product.is_packed for product in converted)
+    assert all(product.weight.dtype == torch.bfloat16 for product in converted)
     fused_model.to(torch.float32)
-    assert all(group.is_packed for group in groups)
+    assert all(product.is_packed for product in products(fused_model))
+
+
+def test_preparing_refuses_an_unknown_preparation_before_changing_the_model(fused_model):
+    plain = unfused_copy(fused_model)
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        prepare_for_speed(plain, "fastest")
+    assert type(plain) is Llama and type(plain.layers[0].self_attn) is Attention
+    assert isinstance(prepare_for_speed(plain, "eager"), PreparedLlama)

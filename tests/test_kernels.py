@@ -20,6 +20,7 @@ from llmengine.kernels import (
     measure_kernels,
 )
 from llmengine.loader import load_model
+from llmengine.speed import prepare_for_speed, products
 
 PREPARED_OPERATORS = {
     "mkl-packed": "mkl._mkl_linear.default",
@@ -131,10 +132,10 @@ def test_load_model_measures_every_distinct_product(measured_and_eager):
     assert [b.rows for b in measurements["qkv"].buckets] == list(ROW_BUCKETS)
     assert measurements["head"].shape == tuple(measured.output_head.weight.shape)
     # Layers of the same shape share one measurement; eager loads measure nothing.
-    groups = [layer.mlp.down for layer in measured.layers]
-    assert all(group.measurement is groups[0].measurement for group in groups)
+    downs = [layer.mlp.down_proj.product for layer in measured.layers]
+    assert all(down.measurement is downs[0].measurement for down in downs)
     assert eager.kernel_measurements() == {}
-    assert all(group.kernels is None for group in eager.linear_groups())
+    assert all(product.kernel.is_eager for product in products(eager))
 
 
 def test_measured_kernels_give_the_eager_logits(measured_and_eager):
@@ -149,10 +150,10 @@ def test_a_converted_model_is_measured_again_for_its_dtype(measured_and_eager):
     measured, _ = measured_and_eager
     model = llmengine.Llama(measured.config)
     model.load_state_dict(measured.state_dict())
-    model.eval().requires_grad_(False).prepare_kernels()
-    model.to(torch.bfloat16)
-    assert all(g.preparation == "measured" for g in model.linear_groups())
-    assert {m.dtype for m in model.kernel_measurements().values()} == {torch.bfloat16}
+    prepared = prepare_for_speed(model.eval().requires_grad_(False))
+    prepared.to(torch.bfloat16)
+    assert prepared.kernels == "measured"
+    assert {m.dtype for m in prepared.kernel_measurements().values()} == {torch.bfloat16}
 
 
 def test_embedded_greedy_text_is_the_same_with_every_kernel_preparation():
@@ -176,7 +177,7 @@ def test_a_weight_with_only_eager_to_choose_from_is_not_timed(measured_and_eager
     measured, _ = measured_and_eager
     model = llmengine.Llama(measured.config)
     model.load_state_dict(measured.state_dict())
-    model.to(torch.float16).prepare_kernels()
-    assert candidates_for(model.output_head.weight) == ["eager"]
-    assert model.kernel_measurements() == {}
-    assert all(group.kernels is None for group in model.linear_groups())
+    prepared = prepare_for_speed(model.to(torch.float16))
+    assert candidates_for(prepared.output_head.weight) == ["eager"]
+    assert prepared.kernel_measurements() == {}
+    assert all(product.kernel.is_eager for product in products(prepared))

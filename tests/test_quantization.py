@@ -12,6 +12,7 @@ from llmengine.bench.precision import held_out_ids
 from llmengine.cli import main
 from llmengine.loader import load_model
 from llmengine.quantization import Int8Weight
+from llmengine.speed import PreparedLlama, products
 
 
 def random_weight(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -51,13 +52,12 @@ def test_only_float_matrices_are_quantised():
 
 
 @pytest.fixture(scope="module")
-def int8_model() -> llmengine.Llama:
+def int8_model() -> PreparedLlama:
     return load_model(quantization="int8")
 
 
 def test_every_product_of_an_int8_model_is_int8(int8_model):
-    groups = int8_model.linear_groups()
-    assert all(g.int8 is not None and g.kernels is None for g in groups)
+    assert all(isinstance(product.kernel, Int8Weight) for product in products(int8_model))
     assert int8_model.kernel_measurements() == {}
 
 
@@ -72,7 +72,7 @@ def test_int8_logits_stay_close_to_float32(int8_model, model):
 
 def test_a_converted_int8_model_quantises_again():
     converted = load_model(quantization="int8").to(torch.bfloat16)
-    assert all(g.int8.dtype == torch.bfloat16 for g in converted.linear_groups())
+    assert all(product.kernel.dtype == torch.bfloat16 for product in products(converted))
     ids = torch.tensor([[5, 9, 2, 7]])
     with torch.inference_mode():
         assert converted(ids).dtype == torch.bfloat16
