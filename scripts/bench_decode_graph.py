@@ -68,10 +68,11 @@ REPORT = Path(__file__).resolve().parents[1] / "reports" / "wallclock" / "decode
 def load(name: str) -> torch.nn.Module:
     import llmengine
     from llmengine.bench.decode_step import HELD_OUT_CONFIG, random_llama
+    from llmengine.speed import prepare_for_speed
 
     if name == "embedded":
         return llmengine.load_model()
-    return random_llama(HELD_OUT_CONFIG).prepare_kernels()  # as load_model prepares it
+    return prepare_for_speed(random_llama(HELD_OUT_CONFIG))  # as load_model prepares it
 
 
 def worker(args: argparse.Namespace) -> dict[str, object]:

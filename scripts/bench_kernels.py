@@ -33,6 +33,8 @@ from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG, rand
 from llmengine.kernels import KERNELS
 from llmengine.lessons.artifacts import markdown_table, write_report
 from llmengine.model import Llama
+from llmengine.quantization import Int8Weight
+from llmengine.speed import products
 
 REPORT = "kernels"
 PROMPT_LEN = 32
@@ -107,10 +109,10 @@ def accuracy_rows(model: Llama, prompts: int, tokens: int) -> list[list[object]]
             reference_text, precision.greedy_continuations(converted, starts, tokens)
         )
         weight_bytes = sum(
-            g.int8.values.numel() + 2 * g.int8.scales.numel()
-            if g.int8 is not None
+            g.kernel.values.numel() + 2 * g.kernel.scales.numel()
+            if isinstance(g.kernel, Int8Weight)
             else g.weight.numel() * g.weight.element_size()
-            for g in converted.linear_groups()
+            for g in products(converted)
         )
         rows.append(
             [

@@ -42,6 +42,7 @@ from llmengine.lessons.step_cost import (
     unprepared_twin,
     weights_multiplied,
 )
+from llmengine.speed import PreparedLlama, prepare_for_speed, products
 
 # Small enough to count by hand: head_dim 4, one K/V head for two query heads.
 TINY = {
@@ -73,7 +74,7 @@ def model() -> llmengine.Llama:
 def models(model: llmengine.Llama) -> dict[str, dict[str, llmengine.Llama]]:
     """The lesson's four models, built as the lesson builds them."""
     random_25m = random_llama(HELD_OUT_CONFIG)
-    packed_25m = unprepared_twin(random_25m).prepare_kernels("packed")
+    packed_25m = prepare_for_speed(unprepared_twin(random_25m), "packed")
     return {
         "embedded": {"before": unprepared_twin(model), "after": model},
         "random 25M": {"before": random_25m, "after": packed_25m},
@@ -142,8 +143,8 @@ def test_operators_are_sorted_into_kinds_by_name() -> None:
 
 def test_the_unprepared_twin_computes_what_the_prepared_model_computes(model) -> None:
     twin = unprepared_twin(model)
-    assert not any(group.is_fused for group in twin.linear_groups())
-    assert all(group.is_packed for group in model.linear_groups())
+    assert not isinstance(twin, PreparedLlama)
+    assert all(product.is_packed for product in products(model))
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.inference_mode():
         torch.testing.assert_close(twin(ids), model(ids), rtol=1e-4, atol=1e-4)
@@ -187,7 +188,7 @@ def test_the_flops_table_is_the_formula_on_each_model(models) -> None:
 
 def test_matrix_products_alone_run_the_products_the_model_runs() -> None:
     before = random_llama(tiny_config())
-    after = unprepared_twin(before).prepare_kernels("packed")
+    after = prepare_for_speed(unprepared_twin(before), "packed")
     for m, operator in ((before, "aten.linear.default"), (after, "mkl._mkl_linear.default")):
         counted = operator_counts(lambda m=m: matrix_product_seconds(m, 8, repeats=2))
         # one warm-up and two timed passes, each running every product once
@@ -208,7 +209,7 @@ def test_decode_cost_times_a_step_and_counts_its_flops() -> None:
 
 def test_fastest_decode_costs_cover_every_model_and_row_count() -> None:
     before = random_llama(tiny_config())
-    models = {"before": before, "after": unprepared_twin(before).prepare_kernels("packed")}
+    models = {"before": before, "after": prepare_for_speed(unprepared_twin(before), "packed")}
     costs = fastest_decode_costs(models, (1, 3), context=4, repeats=1, rounds=2)
     assert list(costs) == ["before", "after"]
     for key, by_rows in costs.items():

@@ -17,6 +17,7 @@ from llmengine.lessons.roofline import (
     product_intensity,
 )
 from llmengine.lessons.step_cost import weights_multiplied
+from llmengine.speed import prepare_for_speed, products
 
 
 def test_the_roofline_is_the_lower_of_the_two_ceilings():
@@ -35,8 +36,8 @@ def test_intensity_is_two_flops_per_weight_per_row_over_its_bytes():
 
 def test_bytes_and_flops_count_every_weight_of_a_step():
     model = random_llama(HELD_OUT_CONFIG)
-    model.prepare_kernels("eager")  # fused, so each group has one weight to count
-    weights = sum(g.weight.numel() for g in model.linear_groups())
+    prepared = prepare_for_speed(model, "eager")  # fused: each product has one weight to count
+    weights = sum(product.weight.numel() for product in products(prepared))
     assert weights == weights_multiplied(HELD_OUT_CONFIG)
     rows = bytes_and_flops_rows({"25M": HELD_OUT_CONFIG, "100M": SHAPE_100M_CONFIG}, (1, 32))
     assert [row[:2] for row in rows] == [["25M", 1], ["25M", 32], ["100M", 1], ["100M", 32]]

@@ -18,6 +18,8 @@ from llmengine.bench.precision import (
     perplexity,
     prompts_from,
 )
+from llmengine.quantization import Int8Weight
+from llmengine.speed import products
 
 
 def test_greedy_agreement_counts_identical_sequences_and_common_prefixes():
@@ -63,8 +65,8 @@ def test_every_precision_is_a_converted_copy(model):
         converted = in_precision(model, precision, kernels="eager")
         assert next(converted.parameters()).dtype == precision.dtype
         assert all(
-            (g.int8 is not None) == (precision.quantization == "int8")
-            for g in converted.linear_groups()
+            isinstance(product.kernel, Int8Weight) == (precision.quantization == "int8")
+            for product in products(converted)
         )
         difference = max_logit_difference(converted, reference, ids)
         assert (difference == 0) == (precision.name == "float32")

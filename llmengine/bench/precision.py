@@ -23,6 +23,7 @@ from llmengine.engine import Engine
 from llmengine.loader import embedded_model_path
 from llmengine.model import Llama
 from llmengine.sampling import SamplingParams
+from llmengine.speed import PreparedLlama, prepare_for_speed
 from llmengine.tokenizer import Tokenizer
 
 HELD_OUT_TEXT = embedded_model_path().parent / "held-out" / "macbeth-act-1.txt"
@@ -45,7 +46,7 @@ PRECISIONS = (
 )
 
 
-def in_precision(model: Llama, precision: Precision, kernels: str = "measured") -> Llama:
+def in_precision(model: Llama, precision: Precision, kernels: str = "measured") -> PreparedLlama:
     """A copy of `model`'s weights (float32, on the CPU) stored and computed in `precision`.
 
     Built from the state dict, not deep-copied: prepared kernels hold opaque tensors (oneDNN's
@@ -54,7 +55,7 @@ def in_precision(model: Llama, precision: Precision, kernels: str = "measured") 
     converted = Llama(model.config)
     converted.load_state_dict(model.state_dict())
     converted = converted.eval().requires_grad_(False).to(precision.dtype)
-    return converted.prepare_kernels(kernels, precision.quantization)
+    return prepare_for_speed(converted, kernels, precision.quantization)
 
 
 def held_out_ids(tokenizer: Tokenizer) -> list[int]:

@@ -37,6 +37,7 @@ from llmengine.bench.workloads import RequestSpec
 from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
 from llmengine.model import Llama
+from llmengine.speed import products
 
 if TYPE_CHECKING:
     import transformers
@@ -570,19 +571,17 @@ def matrix_product_seconds(
 ) -> float:
     """Wall time of only the matrix products of a `rows`-row decode step, run back to back.
 
-    The products are the ones the model's forward runs: each of `model.linear_groups()` on a
+    The products are the ones the model's forward runs: each of `speed.products(model)` on a
     `[rows, in]` block of random activations, so a fused and packed model is timed through its
     fused, packed products and a model built from its parts through one product per layer.
     One untimed pass, then the median of `repeats` passes (the fastest with `fastest`, to set
     against a step timed the same way). A real step takes longer by whatever else it does:
     the other operators, and the fixed cost of launching each one.
     """
-    groups = model.linear_groups()
+    groups = products(model)
     parameter = next(model.parameters())
     inputs = [
-        torch.randn(rows, group.layers[0].weight.shape[1], dtype=parameter.dtype).to(
-            parameter.device
-        )
+        torch.randn(rows, group.weight.shape[1], dtype=parameter.dtype).to(parameter.device)
         for group in groups
     ]
     durations = []
@@ -590,7 +589,7 @@ def matrix_product_seconds(
         for _ in range(repeats + 1):
             start = time.perf_counter()
             for group, activations in zip(groups, inputs, strict=True):
-                group.split(activations)
+                group(activations)
             durations.append(time.perf_counter() - start)
     timed = sorted(durations[1:])
     return timed[0] if fastest else timed[(len(timed) - 1) // 2]

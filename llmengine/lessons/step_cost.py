@@ -2,7 +2,7 @@
 
 A "before" model runs one matrix product per projection through eager `F.linear` (a
 `Llama(config)` given a state dict); an "after" model has its projections fused and its
-weights MKL-packed (`Llama.prepare_kernels("packed")`, as `load_model(kernels="packed")`
+weights MKL-packed (`prepare_for_speed(model, "packed")`, as `load_model(kernels="packed")`
 does). Everything here takes a model as it is and measures or counts what its decode step
 does, so the lesson, its test and any later benchmark read the two the same way.
 
@@ -30,6 +30,7 @@ from llmengine.config import LlamaConfig
 from llmengine.kernels import PackedWeight
 from llmengine.model import Llama
 from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.speed import products
 
 Key = TypeVar("Key", bound=Hashable)  # whatever names the models compared: a label, a tuple
 
@@ -106,7 +107,7 @@ def decode_step_operators(model: Llama, rows: int = 32, context: int = 64) -> Co
 def matrix_products_of(model: Llama) -> int:
     """The matrix products a forward of `model` runs as its code is prepared now: one per
     fused group, one per layer of a group that is not fused."""
-    return sum(1 if group.is_fused else len(group.layers) for group in model.linear_groups())
+    return len(products(model))
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
