@@ -1,40 +1,42 @@
 """llmengine: an LLM inference engine built from scratch, one measured lesson at a time.
 
-The package has layers, and this front door shows them. The serving core (model, loader,
-tokenizer, sampling, KV cache, request, scheduler, engine) sits directly in `llmengine` and is
-imported here. `llmengine.bench` (workloads, batchbench, timing, throughput) and
-`llmengine.lessons` (figures and walkthroughs for the notebooks) sit above it; the bench names
-re-exported below load on first use, so `import llmengine` costs only the core.
+The package has layers, and this front door shows them. The serving core is `llmengine`
+itself (the engine, its configuration, sampling) and its sub-packages by role: `model` (the
+Llama, the loader, the tokenizer), `speed` (what makes a loaded model fast), `kv` (the KV
+cache) and `scheduling` (requests and the scheduler); its public names are imported here.
+`llmengine.bench` (workloads, batchbench, timing, throughput) and `llmengine.lessons` (figures
+and walkthroughs for the notebooks) sit above it; the bench names re-exported below load on
+first use, so `import llmengine` costs only the core.
 """
 
 from importlib import import_module
 from typing import Any
 
-from llmengine.blocks import BlockPool as BlockPool
-from llmengine.blocks import BlockTable as BlockTable
-from llmengine.blocks import blocks_for_length as blocks_for_length
-from llmengine.config import LlamaConfig as LlamaConfig
-from llmengine.contiguous_cache import ContiguousKVCache as ContiguousKVCache
-from llmengine.contiguous_cache import contiguous_forward as contiguous_forward
-from llmengine.detokenizer import IncrementalDecoder as IncrementalDecoder
 from llmengine.engine import Engine as Engine
 from llmengine.engine_config import EngineConfig as EngineConfig
 from llmengine.generation import generate_tokens as generate_tokens
-from llmengine.loader import embedded_model_path as embedded_model_path
-from llmengine.loader import load_model as load_model
-from llmengine.model import AttentionHook as AttentionHook
-from llmengine.model import Llama as Llama
+from llmengine.kv.blocks import BlockPool as BlockPool
+from llmengine.kv.blocks import BlockTable as BlockTable
+from llmengine.kv.blocks import blocks_for_length as blocks_for_length
+from llmengine.kv.contiguous_cache import ContiguousKVCache as ContiguousKVCache
+from llmengine.kv.contiguous_cache import contiguous_forward as contiguous_forward
+from llmengine.kv.paged_cache import PagedKVCache as PagedKVCache
+from llmengine.kv.paged_cache import PagedRow as PagedRow
+from llmengine.kv.paged_cache import paged_forward as paged_forward
+from llmengine.model.config import LlamaConfig as LlamaConfig
+from llmengine.model.detokenizer import IncrementalDecoder as IncrementalDecoder
+from llmengine.model.llama import AttentionHook as AttentionHook
+from llmengine.model.llama import Llama as Llama
+from llmengine.model.loader import embedded_model_path as embedded_model_path
+from llmengine.model.loader import load_model as load_model
+from llmengine.model.tokenizer import Tokenizer as Tokenizer
+from llmengine.model.tokenizer import load_tokenizer as load_tokenizer
 from llmengine.outcome import IterationOutcome as IterationOutcome
 from llmengine.outcome import TokenLogprobs as TokenLogprobs
-from llmengine.paged_cache import PagedKVCache as PagedKVCache
-from llmengine.paged_cache import PagedRow as PagedRow
-from llmengine.paged_cache import paged_forward as paged_forward
-from llmengine.request import Request as Request
-from llmengine.request import RequestState as RequestState
 from llmengine.sampling import SamplingParams as SamplingParams
-from llmengine.scheduler import Scheduler as Scheduler
-from llmengine.tokenizer import Tokenizer as Tokenizer
-from llmengine.tokenizer import load_tokenizer as load_tokenizer
+from llmengine.scheduling.request import Request as Request
+from llmengine.scheduling.request import RequestState as RequestState
+from llmengine.scheduling.scheduler import Scheduler as Scheduler
 
 # Names from the bench layer, by the module that defines them: resolved by `__getattr__`
 # the first time they are asked for, never at `import llmengine`.

@@ -17,18 +17,18 @@ from typing import Any
 
 import torch
 
-from llmengine.compiled import CompiledLayers
-from llmengine.decision import ScheduledRow
-from llmengine.decode_graph import DecodeGraphs, buckets_for
 from llmengine.engine_config import EngineConfig
-from llmengine.model import Llama
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.model.llama import Llama
 from llmengine.outcome import IterationOutcome, TokenLogprobs, build_outcome
-from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
 from llmengine.params import check_prompt
 from llmengine.prompt_logprobs import PromptLogprobs
-from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams, make_generator, sample_rows
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.decision import ScheduledRow
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.scheduler import Scheduler
+from llmengine.speed.compiled import CompiledLayers
+from llmengine.speed.decode_graph import DecodeGraphs, buckets_for
 
 
 class Engine:
@@ -63,7 +63,7 @@ class Engine:
         self.config = config = EngineConfig.of(config, options)
         self.model = model
         self.tokenizer = tokenizer
-        # Compiled halves of every layer (llmengine.compiled), compiled here rather than on
+        # Compiled halves of every layer (llmengine.speed.compiled), compiled here rather than on
         # the first requests; compile_seconds says what that cost.
         self.compiled_layers: CompiledLayers | None = None
         self.compile_seconds = 0.0

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmengine.blocks import blocks_for_length
+from llmengine.kv.blocks import blocks_for_length
 
 if TYPE_CHECKING:
-    from llmengine.decision import SchedulerOutput
     from llmengine.engine_config import EngineConfig
-    from llmengine.request import Request
+    from llmengine.scheduling.decision import SchedulerOutput
+    from llmengine.scheduling.request import Request
 
 
 @dataclass(frozen=True, slots=True)

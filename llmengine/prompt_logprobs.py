@@ -15,10 +15,10 @@ from itertools import accumulate
 
 import torch
 
-from llmengine.decision import ScheduledRow
 from llmengine.outcome import TokenLogprobs
-from llmengine.request import Request
 from llmengine.sampling import token_logprobs
+from llmengine.scheduling.decision import ScheduledRow
+from llmengine.scheduling.request import Request
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from llmengine.outcome import Sampled, TokenLogprobs
 from llmengine.params import FinishReason, SamplingParams, finish_reason
 
 if TYPE_CHECKING:
-    from llmengine.decision import ScheduledRow
+    from llmengine.scheduling.decision import ScheduledRow
 
 # One row's tokens so far and how many of them are the prompt: what a penalty looks at.
 History = tuple[Sequence[int], int]

@@ -29,8 +29,8 @@ from bench_decode_step import machine  # scripts/ is on the path when this scrip
 
 import llmengine
 from llmengine.bench import throughput
-from llmengine.config import DTYPES
 from llmengine.lessons.artifacts import markdown_table, write_report
+from llmengine.model.config import DTYPES
 
 REPORT = "cuda-throughput"
 BLOCK_SIZE = 16

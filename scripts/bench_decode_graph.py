@@ -1,4 +1,4 @@
-"""Time the decode step eager against its compiled graph (`llmengine.decode_graph`) per bucket.
+"""Time the decode step eager against its compiled graph, per bucket (`speed.decode_graph`).
 
 For the embedded model and the 25M random model (`HELD_OUT_CONFIG`), each in two fresh
 processes sharing one new inductor cache directory: the first start compiles every bucket
@@ -68,7 +68,7 @@ REPORT = Path(__file__).resolve().parents[1] / "reports" / "wallclock" / "decode
 def load(name: str) -> torch.nn.Module:
     import llmengine
     from llmengine.bench.decode_step import HELD_OUT_CONFIG, random_llama
-    from llmengine.speed import prepare_for_speed
+    from llmengine.speed.prepare import prepare_for_speed
 
     if name == "embedded":
         return llmengine.load_model()
@@ -77,8 +77,8 @@ def load(name: str) -> torch.nn.Module:
 
 def worker(args: argparse.Namespace) -> dict[str, object]:
     """One process: build the graphs, and time them against eager when `args.time`."""
-    from llmengine.decode_graph import CPU_OPTIONS, DecodeGraphs, best_ms
-    from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+    from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+    from llmengine.speed.decode_graph import CPU_OPTIONS, DecodeGraphs, best_ms
 
     torch.set_num_threads(args.threads)  # before compiling: inductor bakes it into its loops
     model = load(args.model)
@@ -149,7 +149,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     from llmengine.bench.throughput import cpu_model
-    from llmengine.decode_graph import CPU_OPTIONS
+    from llmengine.speed.decode_graph import CPU_OPTIONS
 
     lines = [
         "# The decode step as one graph per bucket, against eager",

@@ -33,7 +33,7 @@ from llmengine.bench.decode_step import (
 )
 from llmengine.bench.throughput import machine_description
 from llmengine.lessons.artifacts import markdown_table, write_report
-from llmengine.model import Llama
+from llmengine.model.llama import Llama
 
 BATCHES = (8, 32)
 CONTEXTS = (64, 128, 256, 512)

@@ -30,11 +30,11 @@ from bench_decode_step import machine  # scripts/ is on the path when this scrip
 import llmengine
 from llmengine.bench import precision, throughput
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG, random_llama
-from llmengine.kernels import KERNELS
 from llmengine.lessons.artifacts import markdown_table, write_report
-from llmengine.model import Llama
-from llmengine.quantization import Int8Weight
-from llmengine.speed import products
+from llmengine.model.llama import Llama
+from llmengine.speed.kernels import KERNELS
+from llmengine.speed.prepare import products
+from llmengine.speed.quantization import Int8Weight
 
 REPORT = "kernels"
 PROMPT_LEN = 32

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmengine.prefix_cache import CachingBlockPool
+from llmengine.kv.prefix_cache import CachingBlockPool
 
 
 def num_keyed(pool: CachingBlockPool) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmengine.blocks import BlockPool, BlockTable
+from llmengine.kv.blocks import BlockPool, BlockTable
 
 
 def test_pool_allocates_and_frees() -> None:

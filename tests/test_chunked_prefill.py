@@ -18,9 +18,9 @@ import llmengine
 from llmengine.cli import build_parser, main
 from llmengine.engine import Engine
 from llmengine.outcome import IterationOutcome
-from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import Scheduler, SchedulerOutput
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.scheduler import Scheduler, SchedulerOutput
 
 FAKE_TOKEN = 7
 

@@ -14,8 +14,8 @@ from tokenizers import decoders, pre_tokenizers
 
 import llmengine
 from llmengine.cli import EXIT_BROKEN_PIPE, build_parser, main
-from llmengine.detokenizer import REPLACEMENT_CHARACTER
 from llmengine.generation import generate_text, generate_tokens
+from llmengine.model.detokenizer import REPLACEMENT_CHARACTER
 from llmengine.sampling import SamplingParams
 
 WORDS = ["<unk>", "<s>", "</s>", *(f"w{index}" for index in range(29))]
@@ -183,7 +183,7 @@ def test_generate_starts_without_transformers_or_dynamo() -> None:
     assert run.returncode == 0 and run.stdout.strip()
     lines = run.stderr.decode().splitlines()
     imported = {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
-    assert "llmengine.tokenizer" in imported and "torch" in imported
+    assert "llmengine.model.tokenizer" in imported and "torch" in imported
     heavy = sorted(name for name in imported if name.startswith(("transformers", "torch._dynamo")))
     assert heavy == []
     assert SUMMARY.fullmatch(lines[-1] + "\n")

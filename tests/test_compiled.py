@@ -10,8 +10,8 @@ from torch._dynamo.utils import counters
 
 import llmengine
 from llmengine.cli import main
-from llmengine.compiled import CompiledLayers
-from llmengine.loader import load_model
+from llmengine.model.loader import load_model
+from llmengine.speed.compiled import CompiledLayers
 
 
 @pytest.fixture(scope="module")

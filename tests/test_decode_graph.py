@@ -14,13 +14,13 @@ import torch
 from torch._dynamo.utils import counters
 
 import llmengine
-import llmengine.decode_graph as decode_graph
+import llmengine.speed.decode_graph as decode_graph
 from llmengine.bench.decode_step import random_llama
-from llmengine.config import LlamaConfig
-from llmengine.decode_graph import buckets_for
 from llmengine.engine import Engine
-from llmengine.model import grouped_query_attention
-from llmengine.paged_cache import PagedRow
+from llmengine.kv.paged_cache import PagedRow
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import grouped_query_attention
+from llmengine.speed.decode_graph import buckets_for
 
 TINY = LlamaConfig.from_dict(
     {

@@ -7,8 +7,8 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers
 
 import llmengine
-from llmengine.detokenizer import REPLACEMENT_CHARACTER, IncrementalDecoder
-from llmengine.tokenizer import Tokenizer
+from llmengine.model.detokenizer import REPLACEMENT_CHARACTER, IncrementalDecoder
+from llmengine.model.tokenizer import Tokenizer
 
 TEXTS = [
     "ROMEO:\nBut soft, what light through yonder window breaks?\n",

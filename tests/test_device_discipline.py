@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 import llmengine
 from llmengine.engine import paged_row
-from llmengine.paged_cache import GatheredAttention
+from llmengine.kv.paged_cache import GatheredAttention
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens
 
 FACTORIES = {

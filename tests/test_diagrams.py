@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from llmengine.lessons.diagrams import draw_state_machine  # noqa: E402
-from llmengine.request import TRANSITIONS  # noqa: E402
+from llmengine.scheduling.request import TRANSITIONS  # noqa: E402
 
 
 def test_state_machine_draws_every_state_and_every_move() -> None:

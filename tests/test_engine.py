@@ -13,9 +13,9 @@ from hf_llama import hf_greedy, save_random_llama
 import llmengine
 from llmengine import engine as engine_module
 from llmengine.engine import Engine
-from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from hf_llama import save_random_llama
 
 import llmengine
 from llmengine.engine import Engine
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.outcome import IterationOutcome
-from llmengine.paged_cache import PagedKVCache
-from llmengine.request import RequestState
 from llmengine.sampling import SamplingParams
+from llmengine.scheduling.request import RequestState
 
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
 

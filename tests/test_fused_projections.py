@@ -7,10 +7,22 @@ import torch
 from hf_llama import save_random_llama
 
 from llmengine.bench.throughput import operator_counts
-from llmengine.kernels import PACKED_ROWS, ChosenKernels, PackedWeight, can_pack, packed_choice
-from llmengine.loader import load_model
-from llmengine.model import MLP, Attention, Llama
-from llmengine.speed import FusedAttention, FusedMLP, PreparedLlama, prepare_for_speed, products
+from llmengine.model.llama import MLP, Attention, Llama
+from llmengine.model.loader import load_model
+from llmengine.speed.kernels import (
+    PACKED_ROWS,
+    ChosenKernels,
+    PackedWeight,
+    can_pack,
+    packed_choice,
+)
+from llmengine.speed.prepare import (
+    FusedAttention,
+    FusedMLP,
+    PreparedLlama,
+    prepare_for_speed,
+    products,
+)
 
 
 def unfused_copy(model: Llama) -> Llama:

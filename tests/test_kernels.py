@@ -10,7 +10,8 @@ from hf_llama import save_random_llama
 
 import llmengine
 from llmengine.bench.throughput import operator_counts
-from llmengine.kernels import (
+from llmengine.model.loader import load_model
+from llmengine.speed.kernels import (
     KERNELS,
     MARGIN,
     ROW_BUCKETS,
@@ -19,8 +20,7 @@ from llmengine.kernels import (
     fastest_kernel,
     measure_kernels,
 )
-from llmengine.loader import load_model
-from llmengine.speed import prepare_for_speed, products
+from llmengine.speed.prepare import prepare_for_speed, products
 
 PREPARED_OPERATORS = {
     "mkl-packed": "mkl._mkl_linear.default",

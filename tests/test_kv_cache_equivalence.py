@@ -13,17 +13,17 @@ import pytest
 import torch
 
 from llmengine.bench.decode_step import random_llama
-from llmengine.blocks import BlockPool, blocks_for_length
-from llmengine.config import Llama3RopeScaling, LlamaConfig
-from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.model import Llama, causal_mask, grouped_query_attention
-from llmengine.paged_cache import (
+from llmengine.kv.blocks import BlockPool, blocks_for_length
+from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
+from llmengine.kv.paged_cache import (
     GatheredAttention,
     PagedKVCache,
     PagedRow,
     flat_indices,
     paged_forward,
 )
+from llmengine.model.config import Llama3RopeScaling, LlamaConfig
+from llmengine.model.llama import Llama, causal_mask, grouped_query_attention
 
 VOCAB = 61
 

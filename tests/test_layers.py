@@ -1,7 +1,8 @@
 """The package's layers, checked by reading every module's imports (AST, nothing executed).
 
-The serving core sits in `llmengine/` itself; `llmengine.bench`, `llmengine.lessons` and
-`llmengine.server` sit above it. Dependencies point one way: the core imports no outer layer
+The serving core sits in `llmengine/` itself and its sub-packages by role (`model`, `speed`,
+`kv`, `scheduling`); `llmengine.bench`, `llmengine.lessons` and `llmengine.server` sit above
+it. Dependencies point one way: the core imports no outer layer
 and no plotting, dataframe or transformers library at module level, the bench layer imports
 neither the lessons nor the server, and the server imports neither the bench nor the
 lessons. The front door (`__init__`, `__main__`, the `cli` package) may reach the outer
@@ -20,6 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
 OUTER_LAYERS = ("bench", "lessons", "server")
 FRONT_DOOR = {"__init__", "__main__", "cli"}
+CORE_PACKAGES = ("model", "speed", "kv", "scheduling")
 HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
 
 
@@ -29,7 +31,9 @@ def layer_of(path: Path) -> str:
     top = relative.parts[0] if len(relative.parts) > 1 else path.stem
     if top in FRONT_DOOR:
         return "front door"
-    return top if len(relative.parts) > 1 else "core"
+    if len(relative.parts) == 1 or top in CORE_PACKAGES:
+        return "core"
+    return top
 
 
 def imports_of(path: Path, *, type_checking: bool = False) -> list[tuple[str, bool]]:
@@ -96,11 +100,13 @@ def test_imports_point_one_way(path: Path) -> None:
 def test_the_scheduler_side_knows_no_tensors() -> None:
     """The scheduler and what it reads import only each other and the standard library."""
     integer_side = {
-        "blocks", "prefix_cache", "params", "request", "scheduler", "outcome", "decision",
-        "engine_config", "policy", "block_manager", "swap_space",
+        "kv.blocks", "kv.prefix_cache", "params", "outcome", "engine_config",
+        "scheduling.request", "scheduling.scheduler", "scheduling.decision",
+        "scheduling.policy", "scheduling.block_manager", "scheduling.swap_space",
     }  # fmt: skip
     for name in integer_side:
-        for module, _ in imports_of(PACKAGE / f"{name}.py", type_checking=True):
+        path = PACKAGE.joinpath(*name.split(".")).with_suffix(".py")
+        for module, _ in imports_of(path, type_checking=True):
             top, _, rest = module.partition(".")
             if top == "llmengine":
                 assert rest in integer_side, f"{name}.py imports {module}"
@@ -108,6 +114,22 @@ def test_the_scheduler_side_knows_no_tensors() -> None:
                 assert top in sys.stdlib_module_names or top == "__future__", (
                     f"{name}.py imports {module}"
                 )
+
+
+def test_the_model_a_reader_meets_knows_nothing_of_caches_scheduling_or_speed() -> None:
+    """The Llama, its configuration and rotary embedding import only one another."""
+    plain = {"model.llama", "model.config", "model.rope"}
+    for name in plain:
+        path = PACKAGE.joinpath(*name.split(".")).with_suffix(".py")
+        for module, _ in imports_of(path, type_checking=True):
+            top, _, rest = module.partition(".")
+            assert top != "llmengine" or rest in plain, f"{name} imports {module}"
+
+
+def test_every_core_package_holds_core_modules() -> None:
+    for package in CORE_PACKAGES:
+        modules = list((PACKAGE / package).glob("*.py"))
+        assert modules and all(layer_of(path) == "core" for path in modules), package
 
 
 def test_the_layer_walk_sees_imports_in_every_place(tmp_path: Path) -> None:

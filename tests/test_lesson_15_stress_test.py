@@ -26,8 +26,8 @@ from llmengine.lessons.stress import (
 )
 from llmengine.lessons.wrong_resumes import PromptOnlyEngine, RestartEngine
 from llmengine.outcome import IterationOutcome
-from llmengine.request import RequestState
 from llmengine.sampling import SamplingParams
+from llmengine.scheduling.request import RequestState
 
 BLOCK, SLOTS, POOL = 4, 6, 12
 SPEAKERS = ["ROMEO", "JULIET", "HAMLET", "KING LEAR", "MACBETH", "PORTIA"]

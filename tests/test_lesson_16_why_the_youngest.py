@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from report_tables import read_report_table
 
-from llmengine.blocks import blocks_for_length
+from llmengine.kv.blocks import blocks_for_length
 from llmengine.lessons.victim_rules import (
     RESTART_RULES,
     RESUME_RULES,
@@ -25,8 +25,8 @@ from llmengine.lessons.victim_rules import (
     small_configs,
     sweep_rule,
 )
-from llmengine.request import Request
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.request import Request
+from llmengine.scheduling.scheduler import Scheduler
 
 BLOCK, POOL, SLOTS = 2, 5, 2
 WORKLOAD = [(4, 6), (2, 6)]

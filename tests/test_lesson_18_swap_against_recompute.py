@@ -19,7 +19,6 @@ from report_tables import read_report_table
 import llmengine
 from llmengine.bench.batchbench import PoolResult, sweep_pool_sizes
 from llmengine.bench.workloads import uniform_burst
-from llmengine.config import LlamaConfig
 from llmengine.lessons.fragmentation import kv_bytes_per_position
 from llmengine.lessons.preemption_cost import (
     A100_SXM,
@@ -42,6 +41,7 @@ from llmengine.lessons.preemption_cost import (
     weights_per_position,
 )
 from llmengine.lessons.swap_runs import swap_space_high_water, victim_latencies
+from llmengine.model.config import LlamaConfig
 
 ROOMY_SWAP = 64
 MACHINES = [(H100_SXM, PCIE5_X16), (H100_SXM, PCIE4_X16), (A100_SXM, PCIE4_X16)]

@@ -19,6 +19,7 @@ import llmengine
 from llmengine.bench.batchbench import PoolResult, WorkloadRun, run_workload, sweep_pool_sizes
 from llmengine.bench.http_client import run_over_http
 from llmengine.bench.workloads import RequestSpec, poisson_arrivals, uniform_burst
+from llmengine.kv.prefix_cache import prefix_keys
 from llmengine.lessons.prefix_sharing import (
     SPEECHES,
     SYSTEM_PROMPT,
@@ -28,7 +29,6 @@ from llmengine.lessons.prefix_sharing import (
     admissions,
     system_prompt_workload,
 )
-from llmengine.prefix_cache import prefix_keys
 
 BLOCK_SIZE, SLOTS, POOL = 16, 8, 128
 DAY34_BLOCK = seeds.DAY34_BLOCK

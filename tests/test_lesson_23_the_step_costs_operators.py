@@ -19,7 +19,6 @@ from report_tables import read_report_table
 import llmengine
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, random_llama
 from llmengine.bench.throughput import decode_weights, matrix_product_seconds, operator_counts
-from llmengine.config import LlamaConfig
 from llmengine.lessons.step_cost import (
     ATTENTION,
     ELEMENTWISE,
@@ -42,7 +41,8 @@ from llmengine.lessons.step_cost import (
     unprepared_twin,
     weights_multiplied,
 )
-from llmengine.speed import PreparedLlama, prepare_for_speed, products
+from llmengine.model.config import LlamaConfig
+from llmengine.speed.prepare import PreparedLlama, prepare_for_speed, products
 
 # Small enough to count by hand: head_dim 4, one K/V head for two query heads.
 TINY = {

@@ -17,7 +17,7 @@ from llmengine.lessons.roofline import (
     product_intensity,
 )
 from llmengine.lessons.step_cost import weights_multiplied
-from llmengine.speed import prepare_for_speed, products
+from llmengine.speed.prepare import prepare_for_speed, products
 
 
 def test_the_roofline_is_the_lower_of_the_two_ceilings():

@@ -21,12 +21,12 @@ from report_tables import report_rows
 from safetensors import safe_open
 
 import llmengine
-from llmengine.config import Llama3RopeScaling, LlamaConfig
 from llmengine.generation import generate_text, generate_tokens
 from llmengine.lessons.forward_log import ForwardLog
-from llmengine.loader import embedded_model_path
-from llmengine.model import MLP, Attention, RMSNorm
-from llmengine.rope import RotaryEmbedding, apply_rotary, inverse_frequencies
+from llmengine.model.config import Llama3RopeScaling, LlamaConfig
+from llmengine.model.llama import MLP, Attention, RMSNorm
+from llmengine.model.loader import embedded_model_path
+from llmengine.model.rope import RotaryEmbedding, apply_rotary, inverse_frequencies
 from llmengine.sampling import SamplingParams, candidate_distribution, make_generator, sample_tokens
 
 LINE = "ROMEO:\nBut soft, what light through yonder window breaks?"

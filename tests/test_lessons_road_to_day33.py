@@ -15,7 +15,7 @@ from hf_llama import save_random_llama
 import llmengine
 from llmengine.bench.timing import ContinuousTiming, percentile
 from llmengine.bench.workloads import RequestSpec
-from llmengine.request import TRANSITIONS, IllegalTransition, Request, RequestState
+from llmengine.scheduling.request import TRANSITIONS, IllegalTransition, Request, RequestState
 
 SLOTS, BLOCK = 8, 4
 DAY29_BUDGETS = [32] + [4] * 7

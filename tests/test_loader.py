@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from llmengine.config import LlamaConfig
-from llmengine.loader import load_model, resolve_device
-from llmengine.tokenizer import load_tokenizer
+from llmengine.model.config import LlamaConfig
+from llmengine.model.loader import load_model, resolve_device
+from llmengine.model.tokenizer import load_tokenizer
 
 BASE = {
     "model_type": "llama",

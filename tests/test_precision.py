@@ -18,8 +18,8 @@ from llmengine.bench.precision import (
     perplexity,
     prompts_from,
 )
-from llmengine.quantization import Int8Weight
-from llmengine.speed import products
+from llmengine.speed.prepare import products
+from llmengine.speed.quantization import Int8Weight
 
 
 def test_greedy_agreement_counts_identical_sequences_and_common_prefixes():

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 from pool_helpers import num_evictable, num_keyed
 
-from llmengine.blocks import blocks_for_length
-from llmengine.prefix_cache import CachingBlockPool, block_key, prefix_keys
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.kv.prefix_cache import CachingBlockPool, block_key, prefix_keys
 
 
 def snapshot(pool: CachingBlockPool) -> tuple:
@@ -67,7 +67,7 @@ def test_a_hash_collision_never_makes_two_prefixes_share() -> None:
 
 def test_keys_hash_the_same_in_every_process() -> None:
     script = (
-        "from llmengine.prefix_cache import prefix_keys;"
+        "from llmengine.kv.prefix_cache import prefix_keys;"
         "print([hash(k) for k in prefix_keys(list(range(40)), 8)])"
     )
     # A hash seed other than this process's: str or None hashing would then differ.

@@ -20,11 +20,11 @@ from server_helpers import MODEL_NAME, served
 import llmengine
 from llmengine.cli import build_parser, main
 from llmengine.engine import Engine
+from llmengine.kv.prefix_cache import prefix_keys
 from llmengine.outcome import IterationOutcome
-from llmengine.prefix_cache import prefix_keys
-from llmengine.request import Request, RequestState
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import ScheduledRow, Scheduler, SchedulerOutput
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.scheduler import ScheduledRow, Scheduler, SchedulerOutput
 
 FAKE_TOKEN = 7
 BS = 4  # the scheduler tests' block size

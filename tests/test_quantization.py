@@ -10,9 +10,9 @@ import torch.nn.functional as F
 import llmengine
 from llmengine.bench.precision import held_out_ids
 from llmengine.cli import main
-from llmengine.loader import load_model
-from llmengine.quantization import Int8Weight
-from llmengine.speed import PreparedLlama, products
+from llmengine.model.loader import load_model
+from llmengine.speed.prepare import PreparedLlama, products
+from llmengine.speed.quantization import Int8Weight
 
 
 def random_weight(*shape: int, seed: int = 0) -> torch.Tensor:

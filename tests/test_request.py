@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmengine.request import TRANSITIONS, IllegalTransition, Request, RequestState
 from llmengine.sampling import SamplingParams
+from llmengine.scheduling.request import TRANSITIONS, IllegalTransition, Request, RequestState
 
 
 def make(max_tokens: int = 4, **kwargs: object) -> Request:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 import seed_tables as seeds
 
-from llmengine.blocks import blocks_for_length
-from llmengine.request import Request, RequestState
+from llmengine.kv.blocks import blocks_for_length
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import Scheduler, SchedulerOutput
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.scheduler import Scheduler, SchedulerOutput
 
 
 def make_request(request_id: int, prompt_len: int, max_tokens: int, block_size: int) -> Request:

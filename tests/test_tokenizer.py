@@ -13,7 +13,7 @@ from hf_llama import save_word_level_tokenizer
 from transformers import AutoTokenizer
 
 import llmengine
-from llmengine.tokenizer import Tokenizer, load_tokenizer
+from llmengine.model.tokenizer import Tokenizer, load_tokenizer
 
 WORDS = ["<unk>", "<s>", "</s>", "to", "be", "or", "not", "that", "is", "the", "question"]
 

@@ -24,7 +24,7 @@ from llmengine.bench.workloads import RequestSpec
 from llmengine.outcome import IterationOutcome
 
 if TYPE_CHECKING:
-    from llmengine.model import Llama
+    from llmengine.model.llama import Llama
     from llmengine.sampling import SamplingParams
 
 

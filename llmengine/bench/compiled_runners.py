@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from llmengine.bench import throughput
 from llmengine.bench.throughput import EngineRun, Runner
 from llmengine.bench.workloads import RequestSpec
-from llmengine.model import Llama
+from llmengine.model.llama import Llama
 
 if TYPE_CHECKING:
     import transformers

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmengine.blocks import blocks_for_length
-from llmengine.config import LlamaConfig
-from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, flat_indices, paged_forward
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, flat_indices, paged_forward
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import Llama
 
 # A ~30M-parameter Llama shape (random weights): large enough that matrix work, not Python,
 # dominates a step on a CPU; small enough to build in a second. Written in config.json terms

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from llmengine.engine import Engine
-from llmengine.loader import embedded_model_path
-from llmengine.model import Llama
+from llmengine.model.llama import Llama
+from llmengine.model.loader import embedded_model_path
+from llmengine.model.tokenizer import Tokenizer
 from llmengine.sampling import SamplingParams
-from llmengine.speed import PreparedLlama, prepare_for_speed
-from llmengine.tokenizer import Tokenizer
+from llmengine.speed.prepare import PreparedLlama, prepare_for_speed
 
 HELD_OUT_TEXT = embedded_model_path().parent / "held-out" / "macbeth-act-1.txt"
 

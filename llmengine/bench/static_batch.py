@@ -29,8 +29,8 @@ from llmengine.bench.batchbench import WorkloadRun
 from llmengine.bench.clocks import Clock, IterationClock
 from llmengine.bench.timing import Arrival
 from llmengine.bench.workloads import RequestSpec
-from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.model import Llama
+from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
+from llmengine.model.llama import Llama
 from llmengine.outcome import IterationOutcome
 from llmengine.sampling import finish_reason, make_generator, sample_tokens
 

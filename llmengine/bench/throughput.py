@@ -34,10 +34,10 @@ import torch
 
 from llmengine.bench.decode_step import BENCH_SHAPE, prepare_decode_steps, time_decode_step
 from llmengine.bench.workloads import RequestSpec
-from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
-from llmengine.model import Llama
-from llmengine.speed import products
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.model.llama import Llama
+from llmengine.speed.prepare import products
 
 if TYPE_CHECKING:
     import transformers
@@ -66,7 +66,7 @@ def load_both(path: str | Path) -> tuple[Llama, transformers.LlamaForCausalLM]:
     """The checkpoint in `path` loaded twice: by llmengine, and by transformers (float32, eval)."""
     import transformers
 
-    from llmengine.loader import load_model
+    from llmengine.model.loader import load_model
 
     reference = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
     return load_model(path), reference.eval().requires_grad_(False)

@@ -34,7 +34,7 @@ def run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     import llmengine
-    from llmengine.detokenizer import IncrementalDecoder
+    from llmengine.model.detokenizer import IncrementalDecoder
 
     model = load_model(args, args.model)
     tokenizer = llmengine.load_tokenizer(args.model)

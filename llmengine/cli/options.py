@@ -9,13 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmengine.config import DTYPES
 from llmengine.engine_config import default_of, option_of
-from llmengine.projections import PREPARATIONS
-from llmengine.quantization import QUANTIZATIONS
+from llmengine.model.config import DTYPES
+from llmengine.speed.projections import PREPARATIONS
+from llmengine.speed.quantization import QUANTIZATIONS
 
 if TYPE_CHECKING:
-    from llmengine.model import Llama
+    from llmengine.model.llama import Llama
 
 Group = argparse.ArgumentParser | argparse._ArgumentGroup  # argparse names no public type
 

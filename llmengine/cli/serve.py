@@ -35,7 +35,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import os
 
     import llmengine
-    from llmengine.loader import model_folder
+    from llmengine.model.loader import model_folder
     from llmengine.server import create_app, serve
     from llmengine.server.chat import chat_template_of
 

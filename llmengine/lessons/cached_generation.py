@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from llmengine.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.model import Llama
+from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
+from llmengine.model.llama import Llama
 
 
 def generate_greedy_contiguous(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmengine.request import TRANSITIONS, RequestState
+from llmengine.scheduling.request import TRANSITIONS, RequestState
 
 # Where each state sits: the way through on the top row (waiting, running, finished), the
 # swap space under running, and aborted under the live states that can be aborted, so that

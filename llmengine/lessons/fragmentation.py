@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llmengine.blocks import BlockPool, BlockTable, blocks_for_length
-from llmengine.config import LlamaConfig
+from llmengine.kv.blocks import BlockPool, BlockTable, blocks_for_length
+from llmengine.model.config import LlamaConfig
 
 TABLE_ENTRY_BYTES = 4  # one int32 block id per table entry, as serving engines store them
 

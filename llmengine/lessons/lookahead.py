@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from llmengine.engine import Engine
 from llmengine.sampling import SamplingParams
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.scheduler import Scheduler
 
 
 class LookaheadScheduler(Scheduler):

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llmengine.blocks import BlockPool, BlockTable, blocks_for_length
-from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.kv.blocks import BlockPool, BlockTable, blocks_for_length
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.model.llama import Llama
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

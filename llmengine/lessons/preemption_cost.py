@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from llmengine.config import LlamaConfig
 from llmengine.lessons.fragmentation import kv_bytes_per_position
+from llmengine.model.config import LlamaConfig
 
 PCIE_PAYLOAD_BITS, PCIE_LINE_BITS = 128, 130  # 128b/130b encoding, PCIe 3.0 to 5.0
 BITS_PER_BYTE = 8

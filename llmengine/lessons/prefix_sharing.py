@@ -24,8 +24,8 @@ from llmengine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from llmengine.engine import Engine
+    from llmengine.kv.prefix_cache import BlockKey
     from llmengine.outcome import IterationOutcome
-    from llmengine.prefix_cache import BlockKey
 
 # Lesson 21's shared "system prompt": the embedded model knows only Shakespeare.
 SYSTEM_PROMPT = (

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
 
-from llmengine.config import LlamaConfig
 from llmengine.lessons.step_cost import weights_multiplied
+from llmengine.model.config import LlamaConfig
 
 # Bytes one weight takes in each storage the engine offers (int8 also keeps one 2-byte scale
 # per output channel, which is under 1% of a weight matrix and left out here).

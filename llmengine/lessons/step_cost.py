@@ -25,12 +25,12 @@ import torch.nn.functional as F
 
 from llmengine.bench.decode_step import prepare_decode_steps
 from llmengine.bench.throughput import matrix_product_seconds, operator_counts
-from llmengine.blocks import blocks_for_length
-from llmengine.config import LlamaConfig
-from llmengine.kernels import PackedWeight
-from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, paged_forward
-from llmengine.speed import products
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import Llama
+from llmengine.speed.kernels import PackedWeight
+from llmengine.speed.prepare import products
 
 Key = TypeVar("Key", bound=Hashable)  # whatever names the models compared: a label, a tuple
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmengine.bench.workloads import RequestSpec
-from llmengine.blocks import blocks_for_length
 from llmengine.engine import Engine
-from llmengine.model import Llama
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.model.llama import Llama
 from llmengine.outcome import IterationOutcome
-from llmengine.request import Request, RequestState
+from llmengine.scheduling.request import Request, RequestState
 
 PREEMPTED = "preempted"
 

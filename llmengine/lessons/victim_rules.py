@@ -20,10 +20,10 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from llmengine.blocks import blocks_for_length
+from llmengine.kv.blocks import blocks_for_length
 from llmengine.params import SamplingParams
-from llmengine.request import Request
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.request import Request
+from llmengine.scheduling.scheduler import Scheduler
 
 FAKE_TOKEN = 7  # what the fake forward samples for every row
 

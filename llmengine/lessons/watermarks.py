@@ -23,7 +23,7 @@ from llmengine.bench.workloads import RequestSpec
 from llmengine.engine import Engine
 
 if TYPE_CHECKING:
-    from llmengine.model import Llama
+    from llmengine.model.llama import Llama
 
 VLLM_WATERMARK = 0.01
 LATENCY_GROUPS = ("victims", "straight through", "all")

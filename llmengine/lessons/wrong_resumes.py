@@ -16,10 +16,10 @@ catching them. Nothing in the serving core can select them.
 
 from __future__ import annotations
 
-from llmengine.decision import ScheduledRow
 from llmengine.engine import Engine
-from llmengine.request import Request
-from llmengine.scheduler import Scheduler
+from llmengine.scheduling.decision import ScheduledRow
+from llmengine.scheduling.request import Request
+from llmengine.scheduling.scheduler import Scheduler
 
 
 class RestartScheduler(Scheduler):

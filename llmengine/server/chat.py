@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmengine.tokenizer import read_tokenizer_config
+from llmengine.model.tokenizer import read_tokenizer_config
 
 
 def chat_template_of(folder: Path, tokenizer: Any = None) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmengine.detokenizer import Decodes, IncrementalDecoder
+from llmengine.model.detokenizer import Decodes, IncrementalDecoder
 
 
 class TextStream:

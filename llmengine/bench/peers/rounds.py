@@ -32,7 +32,7 @@ from llmengine.bench.peers.vllm_peer import OfflineWorker, Vllm, server_command,
 from llmengine.bench.serving_report import run_summary
 from llmengine.bench.workloads import RequestSpec, with_budgets
 from llmengine.engine import Engine
-from llmengine.model import Llama
+from llmengine.model.llama import Llama
 
 LLAMA, VLLM, LLMENGINE = "llama.cpp", "vLLM", "llmengine"
 CALL_TIMEOUT_S = 900.0  # the most one offline call or one HTTP request may take
@@ -81,7 +81,7 @@ def offline(
 ) -> list[Measurement]:
     """Decode at every batch size and the mixed burst, through the three engines, in rounds;
     fills `greedy` with each engine's token ids for the first prompts of the burst."""
-    from llmengine.loader import load_model
+    from llmengine.model.loader import load_model
 
     model = load_model(checkpoint)
     vocab = model.config.vocab_size

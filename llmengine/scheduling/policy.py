@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmengine.request import Request
+from llmengine.scheduling.request import Request
 
 
 @dataclass(frozen=True, slots=True)

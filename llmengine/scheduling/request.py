@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from llmengine.blocks import BlockTable
+from llmengine.kv.blocks import BlockTable
+from llmengine.kv.prefix_cache import BlockKey
 from llmengine.params import SamplingParams, finish_reason
-from llmengine.prefix_cache import BlockKey
 
 
 class RequestState(Enum):

@@ -23,11 +23,11 @@ from itertools import accumulate
 
 import torch
 
-from llmengine.blocks import blocks_for_length
-from llmengine.compiled import CompiledLayers
-from llmengine.config import LlamaConfig
-from llmengine.contiguous_cache import zeroed_kv
-from llmengine.model import Llama, causal_mask, grouped_query_attention
+from llmengine.kv.blocks import blocks_for_length
+from llmengine.kv.contiguous_cache import zeroed_kv
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import Llama, causal_mask, grouped_query_attention
+from llmengine.speed.compiled import CompiledLayers
 
 
 @dataclass(slots=True)
@@ -262,7 +262,7 @@ def paged_forward(
 ) -> torch.Tensor:
     """One forward over rows of any lengths; logits `[len(rows), vocab]` at each last new position.
 
-    `compiled` runs the layers' position-wise halves compiled (`llmengine.compiled`); None
+    `compiled` runs the layers' position-wise halves compiled (`llmengine.speed.compiled`); None
     runs the model eager.
     `logits_at` asks for logits at other new positions instead, by index into the rows' new
     tokens packed in order (row 0's, then row 1's, ...): `[len(logits_at), vocab]`.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from llmengine.config import LlamaConfig
-from llmengine.model import Llama, causal_mask, grouped_query_attention
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import Llama, causal_mask, grouped_query_attention
 
 
 def zeroed_kv(

@@ -4,7 +4,7 @@ The model computes hidden states for the positions it is given and knows nothing
 caches: attention over earlier positions is delegated to an `AttentionHook`. With no
 hook, every call is a plain causal forward over the tokens passed in.
 
-Nor does it know about speed: every projection is a plain `nn.Linear`. `llmengine.speed`
+Nor does it know about speed: every projection is a plain `nn.Linear`. `llmengine.speed.prepare`
 prepares a loaded model afterwards (fused projections, a kernel chosen for each weight)
 without changing what it computes; this file reads the same without it.
 """
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmengine.config import LlamaConfig
-from llmengine.rope import RotaryEmbedding, apply_rotary
+from llmengine.model.config import LlamaConfig
+from llmengine.model.rope import RotaryEmbedding, apply_rotary
 
 
 class AttentionHook(Protocol):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmengine.blocks import BlockPool, blocks_for_length
-from llmengine.request import Request, RequestState
+from llmengine.kv.blocks import BlockPool, blocks_for_length
+from llmengine.scheduling.request import Request, RequestState
 
 
 class SwapSpace:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import tokenizers
 
-from llmengine.loader import model_folder
+from llmengine.model.loader import model_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

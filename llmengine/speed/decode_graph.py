@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from llmengine.model import Llama
-from llmengine.paged_cache import PagedKVCache, PagedRow, block_table_tensor, paged_forward
-from llmengine.rope import apply_rotary
-from llmengine.speed import PreparedLlama, fused_weights
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, block_table_tensor, paged_forward
+from llmengine.model.llama import Llama
+from llmengine.model.rope import apply_rotary
+from llmengine.speed.prepare import PreparedLlama, fused_weights
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 # Inductor settings, chosen by measurement (reports/wallclock/decode-graph.md): frozen weights

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from llmengine.model import AttentionHook, DecoderLayer, Llama
+from llmengine.model.llama import AttentionHook, DecoderLayer, Llama
 
 
 def before_attention(

@@ -1,6 +1,6 @@
 """A loaded `Llama` prepared for speed: fewer, faster matrix products, the same function.
 
-`llmengine.model` is the model as lesson 01 builds it, one `nn.Linear` per projection, and
+`llmengine.model.llama` is the model as lesson 01 builds it, one `nn.Linear` per projection, and
 knows nothing of this module. `prepare_for_speed` (which `load_model` applies) changes how the
 model computes, not what:
 
@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmengine.kernels import KernelMeasurement
-from llmengine.model import MLP, Attention, Llama
-from llmengine.projections import Product, check_preparation, fuse, stack
+from llmengine.model.llama import MLP, Attention, Llama
+from llmengine.speed.kernels import KernelMeasurement
+from llmengine.speed.projections import Product, check_preparation, fuse, stack
 
 if TYPE_CHECKING:
     from torch.nn.modules.module import _IncompatibleKeys
@@ -144,7 +144,8 @@ def prepare_for_speed(
     `kernels` chooses each product's kernel for each row count: `"measured"` times every
     candidate on this machine, `"packed"` takes MKL's packed copy for 4 to 48 rows without
     measuring, `"eager"` keeps `F.linear`. `quantization="int8"` multiplies by an int8 copy of
-    every weight instead (weight-only, one scale per output channel: `llmengine.quantization`).
+    every weight instead (weight-only, one scale per output channel:
+    `llmengine.speed.quantization`).
     A prepared model may be prepared again, another way.
     """
     check_preparation(kernels, quantization)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmengine.request import Request
+from llmengine.scheduling.request import Request
 
 
 @dataclass(slots=True)

@@ -1,10 +1,10 @@
 """A matrix product prepared once, at load, so that each step pays only for the product.
 
 `Product` computes `F.linear(x, weight, bias)` through the kernel prepared for its weight
-(`llmengine.kernels`): the fastest for each row count as measured on this machine
+(`llmengine.speed.kernels`): the fastest for each row count as measured on this machine
 (`"measured"`, what `load_model` does), MKL's packed copy for 4 to 48 rows by a fixed rule
 (`"packed"`, lesson 23), or plain `F.linear` (`"eager"`); or, with `quantization="int8"`,
-through an int8 copy of the weight (`llmengine.quantization`), whatever the kernels. An eager
+through an int8 copy of the weight (`llmengine.speed.quantization`), whatever the kernels. An eager
 `F.linear` hands MKL the plain weight, which MKL repacks on every call; a prepared kernel reads
 a copy laid out once for it, which costs the weight's memory again.
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from llmengine.kernels import (
+from llmengine.speed.kernels import (
     ChosenKernels,
     KernelMeasurement,
     can_pack,
@@ -27,7 +27,7 @@ from llmengine.kernels import (
     measure_kernels,
     packed_choice,
 )
-from llmengine.quantization import QUANTIZATIONS, Int8Weight
+from llmengine.speed.quantization import QUANTIZATIONS, Int8Weight
 
 PREPARATIONS = ("measured", "packed", "eager")
 

@@ -15,10 +15,10 @@ import torch
 from safetensors import safe_open
 from torch.overrides import TorchFunctionMode
 
-from llmengine.config import DTYPES, LlamaConfig
-from llmengine.model import Llama
-from llmengine.projections import check_preparation
-from llmengine.speed import PreparedLlama, prepare_for_speed
+from llmengine.model.config import DTYPES, LlamaConfig
+from llmengine.model.llama import Llama
+from llmengine.speed.prepare import PreparedLlama, prepare_for_speed
+from llmengine.speed.projections import check_preparation
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -27,7 +27,7 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed from the config, never
 
 def embedded_model_path() -> Path:
     """The folder of the small model shipped inside the package (`path=None` loads it)."""
-    return Path(__file__).parent / "data" / "tiny-shakespeare"
+    return Path(__file__).parent.parent / "data" / "tiny-shakespeare"
 
 
 def model_folder(path: str | Path | None) -> Path:
@@ -47,11 +47,11 @@ def load_model(
     quantization: str | None = None,
 ) -> PreparedLlama:
     """Load a Llama checkpoint folder, in eval mode with gradients off, prepared for speed
-    (`llmengine.speed.prepare_for_speed`: projections fused, and each product's kernel chosen
-    for each row count: `"measured"` on this machine, the default; `"packed"`, MKL's packed
+    (`llmengine.speed.prepare.prepare_for_speed`: projections fused, and each product's kernel
+    chosen for each row count: `"measured"` on this machine, the default; `"packed"`, MKL's packed
     copy for 4 to 48 rows without measuring; `"eager"`, plain `F.linear`).
     `quantization="int8"` multiplies by int8 copies of the weights instead (weight-only, one
-    scale per output channel; CPU only: `llmengine.quantization`).
+    scale per output channel; CPU only: `llmengine.speed.quantization`).
 
     `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
     or its name ("float32", "bfloat16", "float16"). `device` is where the weights go

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from llmengine.config import Llama3RopeScaling, LlamaConfig
+from llmengine.model.config import Llama3RopeScaling, LlamaConfig
 
 
 def inverse_frequencies(config: LlamaConfig, device: torch.device | None = None) -> torch.Tensor:

@@ -9,9 +9,9 @@ between the pool and the request's block table. Nothing here touches a tensor.
 
 from __future__ import annotations
 
-from llmengine.blocks import BlockPool
-from llmengine.prefix_cache import BlockKey, CachingBlockPool, block_key
-from llmengine.request import Request
+from llmengine.kv.blocks import BlockPool
+from llmengine.kv.prefix_cache import BlockKey, CachingBlockPool, block_key
+from llmengine.scheduling.request import Request
 
 
 class BlockManager:

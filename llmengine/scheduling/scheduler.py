@@ -26,14 +26,14 @@ from bisect import insort
 from collections import deque
 from typing import Any
 
-from llmengine.block_manager import BlockManager, CachingBlockManager
-from llmengine.blocks import BlockPool, blocks_for_length
-from llmengine.decision import ScheduledRow, SchedulerOutput
 from llmengine.engine_config import EngineConfig
-from llmengine.policy import ALLOCATION_POLICIES
-from llmengine.prefix_cache import CachingBlockPool
-from llmengine.request import Request, RequestState
-from llmengine.swap_space import SwapSpace
+from llmengine.kv.blocks import BlockPool, blocks_for_length
+from llmengine.kv.prefix_cache import CachingBlockPool
+from llmengine.scheduling.block_manager import BlockManager, CachingBlockManager
+from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
+from llmengine.scheduling.policy import ALLOCATION_POLICIES
+from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.swap_space import SwapSpace
 
 
 class Scheduler:
