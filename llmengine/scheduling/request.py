@@ -116,6 +116,20 @@ class Request:
             )
         self.state = state
 
+    def check_integrity(self) -> None:
+        """It holds what its state allows: waiting, no block, slot or prefill in progress; part
+        way through a prefill, fewer positions computed than it has, in blocks for them all."""
+        table = self.block_table
+        if self.state is RequestState.WAITING and (
+            table.block_ids or self.slot is not None or self.prefilling
+        ):
+            raise AssertionError(f"waiting request {self.request_id} holds resources")
+        if self.prefilling and not table.num_tokens < self.num_tokens <= table.capacity:
+            raise AssertionError(
+                f"request {self.request_id} mid-prefill has {table.num_tokens} positions "
+                f"computed of {self.num_tokens} in blocks for {table.capacity}"
+            )
+
     def discard_kv(self) -> None:
         """Preempted by recompute: record what is lost for the resumed prefill's `recomputed`
         (the positions with K/V of a prefill cut short, every token of a decoding request)."""

@@ -13,11 +13,9 @@ through `update`, which releases every request that got its last token. `schedul
   each with its first prefill chunk (`prefill_row`). The head of a queue blocks those behind.
 
 Under a `max_num_batched_tokens` budget decode rows come first and always fit (the budget is
-at least `num_slots`); prefill chunks share what is left, so a long prompt is prefilled over
-several steps while the others keep decoding. A chunk that stops short of its request's last
-token samples nothing. The parts it leans on each hold one idea: `EngineConfig` (the knobs),
-`policy` (how many positions a request's blocks must cover), `BlockManager` (the device pool,
-with or without prefix caching), `SwapSpace` (host blocks and their queue).
+at least `num_slots`); prefill chunks share what is left, and one that stops short of its
+request's last token samples nothing. Each part it leans on holds one idea: `EngineConfig`,
+`policy`, `BlockManager` (with or without prefix caching) and `SwapSpace`.
 """
 
 from __future__ import annotations
@@ -313,19 +311,10 @@ class Scheduler:
         slots = [r.slot for r in self.running] + list(self.free_slots)
         if sorted(slots) != list(range(self.num_slots)):
             raise AssertionError(f"slots unaccounted for: running+free = {sorted(slots)}")
-        prefilling = [request for request in self.running if request.prefilling]
-        if len(prefilling) > 1:
-            raise AssertionError(f"{len(prefilling)} requests part way through their prefill")
-        for request in prefilling:
-            table = request.block_table
-            if not table.num_tokens < request.num_tokens <= table.capacity:
-                raise AssertionError(
-                    f"request {request.request_id} mid-prefill has {table.num_tokens} positions "
-                    f"computed of {request.num_tokens} in blocks for {table.capacity}"
-                )
-        for request in self.waiting:
-            if request.block_table.block_ids or request.slot is not None or request.prefilling:
-                raise AssertionError(f"waiting request {request.request_id} holds resources")
+        if sum(request.prefilling for request in self.running) > 1:
+            raise AssertionError("more than one request part way through its prefill")
+        for request in (*self.running, *self.waiting):
+            request.check_integrity()
         arrivals = [r.arrival for r in self.running]
         if arrivals != sorted(arrivals):
             raise AssertionError("running requests are not in seniority order")
