@@ -202,3 +202,14 @@ def markdown_table(
         *([column.pad(column.cells[index]) for column in columns] for index in range(len(rows))),
     ]
     return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+
+
+def show_table(table: str, name: str | None = None, wallclock: bool = False) -> None:
+    """Show a Markdown table as a rendered table in the notebook (and on GitHub), and, given a
+    `name`, write it to `reports/` as `write_report` does. A printed table would show as
+    monospace pipes; displayed as Markdown it renders wherever the notebook is read."""
+    from IPython.display import Markdown, display
+
+    if name is not None:
+        write_report(name, table, wallclock=wallclock)
+    display(Markdown(table))
