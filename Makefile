@@ -40,9 +40,12 @@ test: lint $(STAMP)
 	$(BIN)/pytest tests
 	$(BIN)/python scripts/check_lessons.py --timeout $(CELL_TIMEOUT)
 
-# Read and run the lessons one cell at a time, without executing them all first.
+# Read and run the lessons one cell at a time, without executing them all first. Jupyter
+# refuses to start as root (a container, a CI machine) unless told it may; LAB_OPTIONS passes
+# more options through (the test starts it with a port, a token and no browser).
+LAB_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
-	$(BIN)/jupyter lab lessons/
+	$(BIN)/jupyter lab $(LAB_AS_ROOT) $(LAB_OPTIONS) lessons/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
