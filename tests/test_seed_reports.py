@@ -1,4 +1,4 @@
-"""The tables lessons 13 and 14 committed, against the seeds' numbers in `seed_tables`.
+"""The tables lessons 12, 13 and 14 committed, against the seeds' numbers in `seed_tables`.
 
 `make test` re-runs every lesson and fails when a table it writes differs from the committed
 one; these tests tie the committed tables to the seeds. Together: the lessons, run on the
@@ -41,7 +41,7 @@ def test_lesson_13_pair_of_pools_is_day33s_table() -> None:
     assert {int(row["tokens"]) for row in rows} == {seeds.DAY33_TOKENS}
 
 
-def test_lesson_13_day29_shape_pools() -> None:
+def test_lesson_12_day29_shape_pools() -> None:
     rows = read_report_table("day33-day29-shape")
     smallest = {policy_of(row["policy"]): int(list(row.values())[1]) for row in rows}
     assert smallest == seeds.DAY29_SHAPE_SMALLEST_POOL
