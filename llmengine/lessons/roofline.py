@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import NullLocator
 
 from llmengine.lessons.step_cost import weights_multiplied
 from llmengine.model.config import LlamaConfig
@@ -99,17 +100,26 @@ def plot_roofline(
     highest = max(product_intensity(max(r), bytes_per_weight[v]) for v, r in measured.items())
     xs = [lowest / 2 * 1.25**step for step in range(64) if lowest / 2 * 1.25**step < highest * 4]
     ax.plot(xs, [ceilings.attainable(x) / 1e9 for x in xs], color="black", label="roofline")
+    # One storage for every version: the rows go on a top axis once, not beside every point.
+    shared = len(set(bytes_per_weight[version] for version in measured)) == 1
     for version, by_rows in measured.items():
         points = sorted(by_rows.items())
         intensity = [product_intensity(r, bytes_per_weight[version]) for r, _ in points]
         ax.plot(intensity, [rate / 1e9 for _, rate in points], "o-", label=version)
-        for (rows, rate), x in zip(points, intensity, strict=True):
-            ax.annotate(str(rows), (x, rate / 1e9), textcoords="offset points", xytext=(3, 3))
+        if not shared:
+            for (rows, rate), x in zip(points, intensity, strict=True):
+                ax.annotate(str(rows), (x, rate / 1e9), textcoords="offset points", xytext=(3, 3))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
-    ax.set_xlabel("FLOPs per byte of weight (rows annotated)")
+    ax.set_xlabel("FLOPs per byte of weight" + ("" if shared else " (rows annotated)"))
+    if shared:
+        size = bytes_per_weight[next(iter(measured))]
+        rows = sorted({r for by_rows in measured.values() for r in by_rows})
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([product_intensity(r, size) for r in rows], [str(r) for r in rows])
+        top.xaxis.set_minor_locator(NullLocator())
+        top.set_xlabel("rows in the step")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="lower right")
     return fig
