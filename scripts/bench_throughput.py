@@ -43,7 +43,7 @@ EMBEDDED_MODEL = "embedded"
 RANDOM_MODEL = "random ~32M"
 HELD_OUT_MODEL = "random 25M (held out)"
 RANDOM_MODELS = (RANDOM_MODEL, HELD_OUT_MODEL)
-# Issue 13's targets. (workload, baseline) -> the least best-llmengine/baseline ratio, on both
+# The speed targets: (workload, baseline) -> the least best-llmengine/baseline ratio, on both
 # random models.
 SPEED_TARGETS = {("uniform burst", "generate"): 1.5, ("mixed", "generate"): 2.5}
 # model -> the least share of a 32-row decode step its matrix products alone would take.
@@ -181,7 +181,7 @@ def compile_table(cells: Sequence[Cell]) -> str:
 def targets_table(
     cells: Sequence[Cell], costs: dict[str, throughput.DecodeStepCost]
 ) -> tuple[str, list[str]]:
-    """Issue 13's targets, and one line per target missed, saying by how much."""
+    """The speed targets, and one line per target missed, saying by how much."""
     by_key = {(cell.model, cell.workload_name): cell for cell in cells}
     rows, missed = [], []
 
@@ -393,7 +393,7 @@ def report(
         )
         + compile_table(cells)
         + "\n## Targets\n\n"
-        "Issue 13's: on both random models, the best llmengine at least 2.5x `generate` on the "
+        "The targets: on both random models, the best llmengine at least 2.5x `generate` on the "
         "mixed workload and 1.5x on the uniform burst; on the ~32M model the matrix products "
         f"at least 85% of a {DECODE_ROWS}-row decode step (60% on the embedded one, whose "
         "matrices are small); the paged step within 1.2x of the contiguous one.\n\n"
