@@ -3,7 +3,8 @@
 The package has layers, and this front door shows them. The serving core is `llmengine`
 itself (the engine, its configuration, sampling) and its sub-packages by role: `model` (the
 Llama, the loader, the tokenizer), `speed` (what makes a loaded model fast), `kv` (the KV
-cache) and `scheduling` (requests and the scheduler); its public names are imported here.
+cache), `scheduling` (requests and the scheduler) and `parallel` (tensor parallelism); its
+public names are imported here.
 `llmengine.bench` (workloads, batchbench, timing, throughput) and `llmengine.lessons` (figures
 and walkthroughs for the notebooks) sit above it; the bench names re-exported below load on
 first use, so `import llmengine` costs only the core.
@@ -33,6 +34,8 @@ from llmengine.model.tokenizer import Tokenizer as Tokenizer
 from llmengine.model.tokenizer import load_tokenizer as load_tokenizer
 from llmengine.outcome import IterationOutcome as IterationOutcome
 from llmengine.outcome import TokenLogprobs as TokenLogprobs
+from llmengine.parallel.engine import TensorParallelEngine as TensorParallelEngine
+from llmengine.parallel.engine import start_tensor_parallel as start_tensor_parallel
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduling.request import Request as Request
 from llmengine.scheduling.request import RequestState as RequestState

@@ -24,7 +24,7 @@ from llmengine.outcome import IterationOutcome, TokenLogprobs, build_outcome
 from llmengine.params import check_prompt
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.sampling import SamplingParams, make_generator, sample_rows
-from llmengine.scheduling.decision import ScheduledRow
+from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
 from llmengine.speed.compiled import CompiledLayers
@@ -248,8 +248,7 @@ class Engine:
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         decision = self.scheduler.schedule()
-        self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
-        logits, prompt_logprobs = self._forward(decision.rows)
+        logits, prompt_logprobs = self._carry_out(decision)
         sampled = sample_rows(decision.rows, logits, self._generators)
         finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
         self._forget(request.request_id for request in finished)
@@ -261,6 +260,13 @@ class Engine:
         )  # fmt: skip
         self.iteration += 1
         return outcome
+
+    def _carry_out(
+        self, decision: SchedulerOutput
+    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
+        """The decision on the cache and the model: its swaps (out, then in), then the forward."""
+        self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
+        return self._forward(decision.rows)
 
     def _forward(
         self, scheduled: list[ScheduledRow]
@@ -299,6 +305,10 @@ class Engine:
         """The scheduler's invariants: each pool's free plus held is its size, every slot and
         block accounted for. Callable at any time."""
         self.scheduler.check_integrity()
+
+    def close(self) -> None:
+        """Stop what outlives a step: nothing in one process (`TensorParallelEngine` stops its
+        worker processes), so callers may close any engine alike."""
 
     # -- run to completion ---------------------------------------------------------------
 

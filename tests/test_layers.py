@@ -1,8 +1,8 @@
 """The package's layers, checked by reading every module's imports (AST, nothing executed).
 
 The serving core sits in `llmengine/` itself and its sub-packages by role (`model`, `speed`,
-`kv`, `scheduling`); `llmengine.bench`, `llmengine.lessons` and `llmengine.server` sit above
-it. Dependencies point one way: the core imports no outer layer
+`kv`, `scheduling`, `parallel`); `llmengine.bench`, `llmengine.lessons` and `llmengine.server`
+sit above it. Dependencies point one way: the core imports no outer layer
 and no plotting, dataframe or transformers library at module level, the bench layer imports
 neither the lessons nor the server, and the server imports neither the bench nor the
 lessons. The front door (`__init__`, `__main__`, the `cli` package) may reach the outer
@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
 OUTER_LAYERS = ("bench", "lessons", "server")
 FRONT_DOOR = {"__init__", "__main__", "cli"}
-CORE_PACKAGES = ("model", "speed", "kv", "scheduling")
+CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel")
 HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
 
 

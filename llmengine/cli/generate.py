@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from typing import Any
 
 from llmengine.cli.options import (
     add_device_arguments,
@@ -12,6 +14,7 @@ from llmengine.cli.options import (
     add_model_argument,
     engine_options,
     load_model,
+    positive_int,
 )
 from llmengine.sampling import SamplingParams
 
@@ -34,17 +37,45 @@ def run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     import llmengine
-    from llmengine.model.detokenizer import IncrementalDecoder
 
-    model = load_model(args, args.model)
+    # The checkpoint before its tokenizer, so a folder that is not one is reported as such.
+    model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
     tokenizer = llmengine.load_tokenizer(args.model)
     prompt_ids = tokenizer.encode(args.prompt)
     options = engine_options(args, ENGINE_OPTIONS)
     # One request alone: a pool that holds its worst case, so it is never preempted.
-    num_blocks = llmengine.blocks_for_length(
+    options["num_blocks"] = llmengine.blocks_for_length(
         len(prompt_ids) + params.max_tokens, options["block_size"]
     )
-    engine = llmengine.Engine(model, num_blocks=num_blocks, num_slots=1, **options)
+    with contextlib.closing(build_engine(args, model, num_slots=1, **options)) as engine:
+        return stream_completion(engine, tokenizer, prompt_ids, params)
+
+
+def build_engine(args: argparse.Namespace, model: Any, **options: Any) -> Any:
+    """An engine on `model` in this process, or (with no model) rank 0 of
+    `--tensor-parallel-size` processes, on the CPU: the ranks talk over gloo."""
+    import llmengine
+
+    if model is not None:
+        return llmengine.Engine(model, **options)
+    if (args.device or "cpu") != "cpu":
+        raise ValueError("--tensor-parallel-size runs its ranks on the CPU (gloo); leave --device")
+    return llmengine.start_tensor_parallel(
+        args.model,
+        tensor_parallel_size=args.tensor_parallel_size,
+        dtype=args.dtype,
+        kernels=args.kernels or "measured",
+        quantization=None if args.quantization in (None, "none") else args.quantization,
+        **options,
+    )
+
+
+def stream_completion(
+    engine: Any, tokenizer: Any, prompt_ids: list[int], params: SamplingParams
+) -> int:
+    """Step `engine` until the one request ends, printing each piece of text as it comes."""
+    from llmengine.model.detokenizer import IncrementalDecoder
+
     start = time.perf_counter()
     request_id = engine.add_request(prompt_ids, params)
     decoder = IncrementalDecoder(tokenizer)
@@ -83,6 +114,11 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     add_device_arguments(parser)
     add_engine_arguments(parser, ENGINE_OPTIONS)
+    parser.add_argument(
+        "--tensor-parallel-size", type=positive_int, default=1, metavar="N",
+        help="split every layer across N processes on this machine (torch.distributed, gloo); "
+        "default 1",
+    )  # fmt: skip
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-tokens", type=int, default=defaults.max_tokens, metavar="N",

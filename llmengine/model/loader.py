@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from llmengine.model.config import DTYPES, LlamaConfig
 from llmengine.model.llama import Llama
+from llmengine.parallel.sharding import Shard, local_config, read_shard
 from llmengine.speed.prepare import PreparedLlama, prepare_for_speed
 from llmengine.speed.projections import check_preparation
 
@@ -45,6 +46,7 @@ def load_model(
     device: str | torch.device = "cpu",
     kernels: str = "measured",
     quantization: str | None = None,
+    shard: Shard | None = None,
 ) -> PreparedLlama:
     """Load a Llama checkpoint folder, in eval mode with gradients off, prepared for speed
     (`llmengine.speed.prepare.prepare_for_speed`: projections fused, and each product's kernel
@@ -57,6 +59,9 @@ def load_model(
     or its name ("float32", "bfloat16", "float16"). `device` is where the weights go
     ("cpu", "cuda", "cuda:1", ...); one this machine does not have raises ValueError before
     anything is read.
+
+    `shard` loads one rank's slice for tensor parallelism (`llmengine.parallel.sharding`):
+    every tensor is checked against the whole model, and only this rank's part is read.
     """
     check_preparation(kernels, quantization)
     target_device = resolve_device(device)
@@ -66,9 +71,12 @@ def load_model(
     config = LlamaConfig.from_file(folder / "config.json")
     target_dtype = resolve_dtype(dtype, config)
     with torch.device("meta"), SkipInitialisation():
-        model = Llama(config)
-    expected = {checkpoint_name(name): p.shape for name, p in model.named_parameters()}
-    tensors = read_checked_tensors(folder, expected, ignore_lm_head=config.tie_word_embeddings)
+        whole = Llama(config)
+        model = whole if shard is None else Llama(local_config(config, shard.world))
+    expected = {checkpoint_name(name): p.shape for name, p in whole.named_parameters()}
+    tensors = read_checked_tensors(
+        folder, expected, ignore_lm_head=config.tie_word_embeddings, shard=shard
+    )
     state = {
         name: tensors[checkpoint_name(name)].to(target_dtype)
         for name, _ in model.named_parameters()
@@ -150,9 +158,14 @@ def tensor_locations(folder: Path) -> tuple[Path, dict[str, Path]]:
 
 
 def read_checked_tensors(
-    folder: Path, expected: dict[str, torch.Size], *, ignore_lm_head: bool
+    folder: Path,
+    expected: dict[str, torch.Size],
+    *,
+    ignore_lm_head: bool,
+    shard: Shard | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Check every expected tensor's name and shape across all files, then read them."""
+    """Check every expected tensor's name and shape across all files, then read them (only
+    `shard`'s slice of each, when given)."""
     listing, locations = tensor_locations(folder)
     check_names(listing, locations, expected, ignore_lm_head=ignore_lm_head)
     by_file: dict[Path, list[str]] = {}
@@ -163,7 +176,11 @@ def read_checked_tensors(
     tensors = {}
     for file, names in by_file.items():
         with safe_open(file, framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in names})
+            for name in names:
+                whole = shard is None
+                tensors[name] = (
+                    handle.get_tensor(name) if whole else read_shard(handle, name, shard)
+                )
     return tensors
 
 

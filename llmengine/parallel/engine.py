@@ -1,0 +1,207 @@
+"""A tensor-parallel engine: rank 0 schedules and samples, every rank runs its slice of the step.
+
+`start_tensor_parallel(path, tensor_parallel_size=N, ...)` starts N - 1 worker processes,
+joins them in a `torch.distributed` process group (gloo on the CPU) and returns an `Engine`
+on rank 0 whose model is rank 0's slice. Each step, before its forward, rank 0 broadcasts
+what the forward needs (the rows with their block tables, and the swaps): one scheduler
+decides, the other ranks follow. Every rank then runs the same forward on its own heads and
+MLP slice, and the two all-reduces of each layer make every rank's hidden state whole again,
+so rank 0 samples from the same logits a single process computes.
+
+Each rank's paged cache holds its own K/V heads only; block ids mean the same on every rank,
+so prefix caching, chunked prefill, preemption (recompute or swap), aborts and seeds work
+unchanged. A collective that waits longer than `timeout_s` (a rank that died or hangs)
+raises on rank 0 instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from llmengine.engine import Engine
+from llmengine.engine_config import EngineConfig
+from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.model.config import LlamaConfig
+from llmengine.model.llama import Llama
+from llmengine.model.loader import load_model, model_folder
+from llmengine.outcome import TokenLogprobs
+from llmengine.parallel.sharding import Shard, check_divisible
+from llmengine.scheduling.decision import SchedulerOutput
+
+TIMEOUT_S = 60.0  # the longest a collective may wait for a rank before the engine raises
+JOIN_TIMEOUT_S = 10.0  # how long `close` waits for a worker to exit before killing it
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What a worker needs to run one step's forward: the rows and the swaps, in order."""
+
+    rows: list[PagedRow]
+    blocks_to_swap_out: list[tuple[int, int]]
+    blocks_to_swap_in: list[tuple[int, int]]
+
+
+def add_all_reduces(model: Llama) -> None:
+    """Sum the ranks' partial outputs after each block's row-parallel product: attention's
+    output projection and the MLP's down projection, one all-reduce each per layer."""
+    for layer in model.layers:
+        layer.self_attn.register_forward_hook(_all_reduce_output)
+        layer.mlp.register_forward_hook(_all_reduce_output)
+
+
+def _all_reduce_output(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(output)
+    return output
+
+
+def _broadcast(plan: StepPlan | None) -> StepPlan | None:
+    """Rank 0 sends `plan` (None: stop); every other rank receives it."""
+    message = [plan]
+    dist.broadcast_object_list(message, src=0)
+    return message[0]
+
+
+class TensorParallelEngine(Engine):
+    """The engine on rank 0 of a tensor-parallel group; `close()` stops the other ranks."""
+
+    workers: list[mp.Process]
+
+    def _carry_out(
+        self, decision: SchedulerOutput
+    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
+        plan = StepPlan(
+            [PagedRow(row.token_ids, row.start_position, row.request.block_table.block_ids)
+             for row in decision.rows],
+            decision.blocks_to_swap_out,
+            decision.blocks_to_swap_in,
+        )  # fmt: skip
+        try:
+            _broadcast(plan)
+            return super()._carry_out(decision)
+        except RuntimeError as error:
+            raise RuntimeError(f"a tensor-parallel rank failed or hangs: {error}") from error
+
+    def close(self) -> None:
+        """Tell the workers to stop, wait for them (killing any that hang), leave the group."""
+        if not dist.is_initialized():
+            return
+        with contextlib.suppress(RuntimeError):  # a worker is gone already: reaped below
+            _broadcast(None)
+        for worker in self.workers:
+            worker.join(JOIN_TIMEOUT_S)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(JOIN_TIMEOUT_S)
+        dist.destroy_process_group()
+
+    def __enter__(self) -> TensorParallelEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def start_tensor_parallel(
+    path: str | Path | None,
+    *,
+    tensor_parallel_size: int,
+    dtype: str | None = None,
+    kernels: str = "measured",
+    quantization: str | None = None,
+    tokenizer: Any = None,
+    timeout_s: float = TIMEOUT_S,
+    **options: Any,
+) -> TensorParallelEngine:
+    """Start `tensor_parallel_size - 1` worker processes and return the engine on rank 0.
+
+    `options` are the `EngineConfig` fields; `compile` and `decode_graph` are refused (their
+    compiled graphs would hide the all-reduces). Each rank loads only its slice of the
+    checkpoint at `path` (None: the embedded model), in `dtype`, its products prepared with
+    `kernels` and `quantization` as `load_model` does. Use it as a context manager, or call
+    `close()`, so the workers stop.
+    """
+    config = EngineConfig(**options)
+    check_divisible(LlamaConfig.from_file(model_folder(path) / "config.json"), tensor_parallel_size)
+    if config.compile or config.decode_graph:
+        raise ValueError("tensor parallelism runs eager: leave compile and decode_graph off")
+    if tensor_parallel_size < 2:
+        raise ValueError(f"tensor_parallel_size must be at least 2, got {tensor_parallel_size}")
+    load = {"dtype": dtype, "kernels": kernels, "quantization": quantization}
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    context = mp.get_context("spawn")
+    workers = [
+        context.Process(
+            target=_run_worker,
+            args=(Shard(rank, tensor_parallel_size), init_method, path, load, config, timeout_s),
+            daemon=True,
+        )
+        for rank in range(1, tensor_parallel_size)
+    ]
+    for worker in workers:
+        worker.start()
+    _join_group(Shard(0, tensor_parallel_size), init_method, timeout_s)
+    try:
+        model = load_model(path, shard=Shard(0, tensor_parallel_size), **load)
+        add_all_reduces(model)
+        engine = TensorParallelEngine(model, config, tokenizer=tokenizer)
+    except BaseException:
+        for worker in workers:
+            worker.kill()
+        dist.destroy_process_group()
+        raise
+    engine.workers = workers
+    return engine
+
+
+def _join_group(shard: Shard, init_method: str, timeout_s: float) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=shard.rank,
+        world_size=shard.world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _run_worker(
+    shard: Shard,
+    init_method: str,
+    path: str | Path | None,
+    load: dict[str, Any],
+    config: EngineConfig,
+    timeout_s: float,
+) -> None:
+    """A worker's life: join the group, load its slice, run every step rank 0 sends."""
+    _join_group(shard, init_method, timeout_s)
+    model = load_model(path, shard=shard, **load)
+    add_all_reduces(model)
+    parameter = next(model.parameters())
+    cache = PagedKVCache(
+        model.config,
+        config.num_blocks,
+        config.block_size,
+        dtype=parameter.dtype,
+        device=parameter.device,
+        swap_blocks=config.swap_blocks,
+    )
+    with torch.inference_mode():
+        while (plan := _broadcast(None)) is not None:
+            cache.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
+            paged_forward(model, cache, plan.rows)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now, for the group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

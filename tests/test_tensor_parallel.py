@@ -1,0 +1,148 @@
+"""Tensor parallelism over torch.distributed (gloo, two processes on 127.0.0.1): each rank
+holds its slice, one scheduler decides, and the text is the single process's."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hf_llama import save_random_llama, save_word_level_tokenizer
+from safetensors import safe_open
+
+import llmengine
+from llmengine.cli import main
+from llmengine.model.config import LlamaConfig
+from llmengine.parallel.engine import start_tensor_parallel
+from llmengine.parallel.sharding import Shard, local_config, read_shard, split_dim
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5] * 9]
+RUN = {"kernels": "eager", "timeout_s": 30.0}
+
+
+WORDS = [f"w{index}" for index in range(256)]
+
+
+@pytest.fixture(scope="module")
+def gqa_untied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tp-gqa-untied")
+    save_random_llama(folder, vocab_size=256, attention_bias=True, mlp_bias=True)
+    save_word_level_tokenizer(folder, WORDS)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gqa_tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tp-gqa-tied")
+    save_random_llama(folder, seed=1, vocab_size=256, tie_word_embeddings=True)
+    save_word_level_tokenizer(folder, WORDS)
+    return folder
+
+
+def single_process(folder: Path, prompts: list[list[int]], params: Any, **options: Any) -> list:
+    engine = llmengine.Engine(llmengine.load_model(folder, kernels="eager"), **options)
+    return engine.generate(prompts, params)
+
+
+def two_ranks(folder: Path, prompts: list[list[int]], params: Any, **options: Any) -> list:
+    with start_tensor_parallel(folder, tensor_parallel_size=2, **RUN, **options) as engine:
+        tokens = engine.generate(prompts, params)
+        engine.check_integrity()
+        return tokens
+
+
+def test_each_rank_reads_its_slice_and_the_slices_make_the_whole(gqa_untied: Path) -> None:
+    with safe_open(gqa_untied / "model.safetensors", framework="pt") as handle:
+        for name in sorted(handle.keys()):
+            parts = [read_shard(handle, name, Shard(rank, 2)) for rank in range(2)]
+            whole = handle.get_tensor(name)
+            dim = split_dim(name)
+            if dim is not None:
+                assert torch.equal(torch.cat(parts, dim=dim), whole), name
+            elif name.endswith(("o_proj.bias", "down_proj.bias")):
+                assert torch.equal(parts[0], whole) and not parts[1].any(), name
+            else:
+                assert torch.equal(parts[0], whole) and torch.equal(parts[1], whole), name
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused(gqa_untied: Path) -> None:
+    config = LlamaConfig.from_file(gqa_untied / "config.json")
+    assert local_config(config, 2).num_key_value_heads == config.num_key_value_heads // 2
+    with pytest.raises(ValueError, match="does not divide num_key_value_heads"):
+        local_config(config, 4)
+    with pytest.raises(ValueError, match="does not divide num_attention_heads=4"):
+        start_tensor_parallel(gqa_untied, tensor_parallel_size=3, num_blocks=8)
+
+
+@pytest.mark.parametrize("checkpoint", ["gqa_untied", "gqa_tied"])
+def test_greedy_text_at_two_ranks_is_the_single_process_text(
+    checkpoint: str, request: pytest.FixtureRequest
+) -> None:
+    folder = request.getfixturevalue(checkpoint)
+    params = llmengine.SamplingParams(max_tokens=16, ignore_eos=True)
+    pool = {"num_blocks": 32, "block_size": 4, "num_slots": 4}
+    assert two_ranks(folder, PROMPTS, params, **pool) == single_process(
+        folder, PROMPTS, params, **pool
+    )
+
+
+@pytest.mark.parametrize("checkpoint", ["gqa_untied", "gqa_tied"])
+def test_generate_prints_the_same_text_with_two_ranks(
+    checkpoint: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = request.getfixturevalue(checkpoint)
+    argv = ["generate", "--model", str(folder), "--prompt", "w3 w1 w4 w1 w5"]
+    argv += ["--max-tokens", "24", "--temperature", "0", "--ignore-eos", "--kernels", "eager"]
+    assert main(argv) == 0
+    alone = capsys.readouterr().out
+    assert main([*argv, "--tensor-parallel-size", "2"]) == 0
+    assert capsys.readouterr().out == alone and len(alone.split()) == 24
+
+
+def test_seeds_caching_chunking_and_swap_work_unchanged_across_ranks(gqa_untied: Path) -> None:
+    """A cramped pool preempting by swap, prefix caching on, prefills chunked, seeded
+    sampling: the two ranks follow rank 0's every decision and the tokens match."""
+    shared = [3, 1, 4, 1, 5, 9, 2, 6]
+    prompts = [shared + prompt for prompt in PROMPTS]
+    params = [
+        llmengine.SamplingParams(max_tokens=20, temperature=0.8, seed=seed, ignore_eos=True)
+        for seed in range(len(prompts))
+    ]
+    options = {
+        "num_blocks": 24, "block_size": 4, "num_slots": 4, "preemption": "swap",
+        "swap_blocks": 8, "enable_prefix_caching": True, "max_num_batched_tokens": 16,
+    }  # fmt: skip
+    alone = llmengine.Engine(llmengine.load_model(gqa_untied, kernels="eager"), **options)
+    ids = alone.add_requests(prompts, params)
+    outcomes = []
+    while alone.has_unfinished():
+        outcomes.append(alone.step())
+    # The run exercises what it claims to: swaps, a recompute, cache hits, chunks.
+    swapped = sum(len(outcome.swapped_out) for outcome in outcomes)
+    assert 0 < swapped < sum(len(outcome.evicted) for outcome in outcomes)
+    assert sum(outcome.cached_tokens for outcome in outcomes) > 0
+    assert max(outcome.forward_tokens for outcome in outcomes) == 16
+    expected = [alone.release(request_id).output_token_ids for request_id in ids]
+    assert two_ranks(gqa_untied, prompts, params, **options) == expected
+
+
+def test_a_rank_that_dies_makes_the_engine_raise_in_bounded_time(gqa_untied: Path) -> None:
+    params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
+    engine = start_tensor_parallel(
+        gqa_untied, tensor_parallel_size=2, kernels="eager", timeout_s=10.0, num_blocks=16
+    )
+    try:
+        engine.add_request(PROMPTS[0], params)
+        engine.step()
+        engine.workers[0].kill()
+        engine.workers[0].join(10)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="tensor-parallel rank"):
+            while engine.has_unfinished():
+                engine.step()
+        assert time.monotonic() - start < 30
+    finally:
+        engine.close()
+    assert not any(worker.is_alive() for worker in engine.workers)
