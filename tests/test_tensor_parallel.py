@@ -3,21 +3,29 @@ holds its slice, one scheduler decides, and the text is the single process's."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 import torch
 from hf_llama import save_random_llama, save_word_level_tokenizer
 from safetensors import safe_open
 
 import llmengine
+from llmengine.bench.http_client import free_port
 from llmengine.cli import main
 from llmengine.model.config import LlamaConfig
 from llmengine.parallel.engine import start_tensor_parallel
 from llmengine.parallel.sharding import Shard, local_config, read_shard, split_dim
 
+ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5] * 9]
 RUN = {"kernels": "eager", "timeout_s": 30.0}
 
@@ -146,3 +154,59 @@ def test_a_rank_that_dies_makes_the_engine_raise_in_bounded_time(gqa_untied: Pat
     finally:
         engine.close()
     assert not any(worker.is_alive() for worker in engine.workers)
+
+
+def test_serve_with_two_ranks_answers_the_openai_client_and_exits_cleanly() -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "llmengine", "serve", "--port", str(port)]
+    command += ["--num-blocks", "32", "--served-model-name", "bard", "--kernels", "eager"]
+    greedy = {"model": "bard", "prompt": "ROMEO:", "max_tokens": 8, "temperature": 0}
+    reference = llmengine.Engine(
+        llmengine.load_model(kernels="eager"), tokenizer=llmengine.load_tokenizer(), num_blocks=32
+    )
+    expected = reference.generate_text(["ROMEO:"], llmengine.SamplingParams(max_tokens=8))
+    server = subprocess.Popen(
+        [*command, "--tensor-parallel-size", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}", server)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=30)
+        completion = client.completions.create(**greedy)
+        assert completion.choices[0].text == expected[0]
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+    assert server.returncode == 0, output
+    # No rank outlives the server: its process group empties (the worker and multiprocessing's
+    # resource tracker leave right after the server does).
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(server.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(server.pid, signal.SIGKILL)
+    raise AssertionError("a process of the server's group outlived it")
+
+
+def wait_for_health(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    for _ in range(1800):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert server.poll() is None, server.communicate()[0]
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.05)

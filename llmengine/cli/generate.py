@@ -12,9 +12,10 @@ from llmengine.cli.options import (
     add_device_arguments,
     add_engine_arguments,
     add_model_argument,
+    add_parallel_argument,
+    build_engine,
     engine_options,
     load_model,
-    positive_int,
 )
 from llmengine.sampling import SamplingParams
 
@@ -49,25 +50,6 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     with contextlib.closing(build_engine(args, model, num_slots=1, **options)) as engine:
         return stream_completion(engine, tokenizer, prompt_ids, params)
-
-
-def build_engine(args: argparse.Namespace, model: Any, **options: Any) -> Any:
-    """An engine on `model` in this process, or (with no model) rank 0 of
-    `--tensor-parallel-size` processes, on the CPU: the ranks talk over gloo."""
-    import llmengine
-
-    if model is not None:
-        return llmengine.Engine(model, **options)
-    if (args.device or "cpu") != "cpu":
-        raise ValueError("--tensor-parallel-size runs its ranks on the CPU (gloo); leave --device")
-    return llmengine.start_tensor_parallel(
-        args.model,
-        tensor_parallel_size=args.tensor_parallel_size,
-        dtype=args.dtype,
-        kernels=args.kernels or "measured",
-        quantization=None if args.quantization in (None, "none") else args.quantization,
-        **options,
-    )
 
 
 def stream_completion(
@@ -114,11 +96,7 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     add_device_arguments(parser)
     add_engine_arguments(parser, ENGINE_OPTIONS)
-    parser.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, metavar="N",
-        help="split every layer across N processes on this machine (torch.distributed, gloo); "
-        "default 1",
-    )  # fmt: skip
+    add_parallel_argument(parser)
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument(
         "--max-tokens", type=int, default=defaults.max_tokens, metavar="N",

@@ -15,6 +15,7 @@ from llmengine.speed.projections import PREPARATIONS
 from llmengine.speed.quantization import QUANTIZATIONS
 
 if TYPE_CHECKING:
+    from llmengine.engine import Engine
     from llmengine.model.llama import Llama
 
 Group = argparse.ArgumentParser | argparse._ArgumentGroup  # argparse names no public type
@@ -135,3 +136,31 @@ def add_engine_arguments(
 def engine_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
     """The named engine fields the command line gave (those left None keep their default)."""
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def add_parallel_argument(parser: Group) -> None:
+    """`--tensor-parallel-size N`: split every layer across N processes (`llmengine.parallel`)."""
+    parser.add_argument(
+        "--tensor-parallel-size", type=positive_int, default=1, metavar="N",
+        help="split every layer across N processes on this machine (torch.distributed, gloo); "
+        "default 1",
+    )  # fmt: skip
+
+
+def build_engine(args: argparse.Namespace, model: Llama | None, **options: Any) -> Engine:
+    """An engine on `model` in this process, or (with no model) rank 0 of
+    `--tensor-parallel-size` processes, on the CPU: the ranks talk over gloo."""
+    import llmengine
+
+    if model is not None:
+        return llmengine.Engine(model, **options)
+    if (args.device or "cpu") != "cpu":
+        raise ValueError("--tensor-parallel-size runs its ranks on the CPU (gloo); leave --device")
+    return llmengine.start_tensor_parallel(
+        args.model,
+        tensor_parallel_size=args.tensor_parallel_size,
+        dtype=args.dtype,
+        kernels=args.kernels or "measured",
+        quantization=None if args.quantization in (None, "none") else args.quantization,
+        **options,
+    )

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llmengine.cli.options import (
     add_device_arguments,
     add_engine_arguments,
     add_model_argument,
+    add_parallel_argument,
+    build_engine,
     engine_options,
     load_model,
     non_negative_float,
@@ -16,6 +21,9 @@ from llmengine.cli.options import (
     positive_int,
 )
 from llmengine.engine_config import EngineConfig
+
+if TYPE_CHECKING:
+    from llmengine.engine import Engine
 
 ENGINE_OPTIONS = tuple(field.name for field in fields(EngineConfig))
 NUM_BLOCKS = 256  # the pool `serve` starts with when --num-blocks is not given
@@ -36,15 +44,23 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import llmengine
     from llmengine.model.loader import model_folder
-    from llmengine.server import create_app, serve
-    from llmengine.server.chat import chat_template_of
 
     api_key = _api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY"))  # before the load
     folder = model_folder(args.model)
+    model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
     tokenizer = llmengine.load_tokenizer(args.model)
-    engine = llmengine.Engine(
-        load_model(args, args.model), tokenizer=tokenizer, **engine_options(args, ENGINE_OPTIONS)
-    )
+    options = engine_options(args, ENGINE_OPTIONS)
+    with contextlib.closing(build_engine(args, model, tokenizer=tokenizer, **options)) as engine:
+        return _serve(args, engine, tokenizer, folder, api_key)
+
+
+def _serve(
+    args: argparse.Namespace, engine: Engine, tokenizer: Any, folder: Path, api_key: str | None
+) -> int:
+    """The OpenAI API in front of `engine` until SIGINT or SIGTERM; its exit status."""
+    from llmengine.server import create_app, serve
+    from llmengine.server.chat import chat_template_of
+
     app = create_app(
         engine,
         tokenizer,
@@ -82,6 +98,7 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_argument(parser)
     add_device_arguments(parser)
+    add_parallel_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=non_negative_int, default=8000, help="default 8000")
     parser.add_argument(
