@@ -3,6 +3,7 @@ holds its slice, one scheduler decides, and the text is the single process's."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -210,3 +211,19 @@ def wait_for_health(url: str, server: subprocess.Popen) -> None:
         assert server.poll() is None, server.communicate()[0]
         assert time.monotonic() < deadline, "the server did not come up"
         time.sleep(0.05)
+
+
+def test_bench_sweeps_pools_on_two_ranks_with_the_single_process_numbers(
+    gqa_untied: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--model", str(gqa_untied), "--requests", "4", "--prompt-len", "5"]
+    argv += ["--max-tokens", "12", "--slots", "4", "--block-size", "4", "--pools", "16,8"]
+    argv += ["--kernels", "eager", "--format", "json"]
+    assert main(argv) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--tensor-parallel-size", "2"]) == 0
+    ranks = json.loads(capsys.readouterr().out)
+    deterministic = ("iterations", "preemptions", "forward_tokens", "recomputed_tokens")
+    for one, two in zip(alone, ranks, strict=True):
+        assert {key: one[key] for key in deterministic} == {key: two[key] for key in deterministic}
+    assert alone[1]["preemptions"] > 0  # the small pool preempts, on both

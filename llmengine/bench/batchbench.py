@@ -13,8 +13,10 @@ produced something else is the price of a bug, not of a small pool.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from statistics import fmean
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +26,7 @@ from llmengine.bench.workloads import RequestSpec
 from llmengine.outcome import IterationOutcome
 
 if TYPE_CHECKING:
+    from llmengine.engine import Engine
     from llmengine.model.llama import Llama
     from llmengine.sampling import SamplingParams
 
@@ -117,7 +120,7 @@ class PoolResult:
 
 
 def sweep_pool_sizes(
-    model: Llama,
+    model: Llama | Callable[..., Engine],
     workload: Sequence[RequestSpec],
     pools: Iterable[int],
     *,
@@ -128,21 +131,25 @@ def sweep_pool_sizes(
     """The same workload through one fresh engine per pool size (in blocks), in `pools` order.
 
     Every engine gets the same `options`: the `EngineConfig` fields other than `num_blocks`
-    (`block_size` and `num_slots` at least). Raises `DivergentOutputError` when any pool's
-    tokens differ from the first pool's, and ValueError (naming the pool) when a pool cannot
-    take the workload at all.
+    (`block_size` and `num_slots` at least). `model` is the model each engine runs, or a
+    function that builds an engine from those fields (`start_tensor_parallel` with its path
+    and size bound, say); each engine is closed after its run. Raises `DivergentOutputError`
+    when any pool's tokens differ from the first pool's, and ValueError (naming the pool) when
+    a pool cannot take the workload at all.
     """
     from tqdm.auto import tqdm
 
     from llmengine.engine import Engine
+    from llmengine.model.llama import Llama
 
+    build = partial(Engine, model) if isinstance(model, Llama) else model
     results = []
     for pool_blocks in tqdm(list(pools), desc="pools", unit="pool", disable=not progress):
-        engine = Engine(model, num_blocks=pool_blocks, **options)
-        try:
-            run = run_workload(engine, workload, clock=clock)
-        except ValueError as error:
-            raise ValueError(f"pool of {pool_blocks} blocks: {error}") from error
+        with closing(build(num_blocks=pool_blocks, **options)) as engine:
+            try:
+                run = run_workload(engine, workload, clock=clock)
+            except ValueError as error:
+                raise ValueError(f"pool of {pool_blocks} blocks: {error}") from error
         results.append(PoolResult(pool_blocks, run, run.timing()))
     check_same_outputs(results)
     return results

@@ -7,11 +7,14 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 
 from llmengine.cli.options import (
     add_device_arguments,
     add_engine_arguments,
+    add_parallel_argument,
+    build_engine,
     engine_options,
     load_model,
     non_negative_int,
@@ -83,18 +86,22 @@ def _run_bench_pools(args: argparse.Namespace) -> int:
     from llmengine.bench.batchbench import DivergentOutputError, sweep_pool_sizes
     from llmengine.bench.report import format_csv, format_table, sweep_summary
     from llmengine.bench.workloads import uniform_burst
+    from llmengine.model.config import LlamaConfig
+    from llmengine.model.loader import model_folder
 
     _check_bench_options(args, LOCAL_BENCH_OPTIONS, URL_BENCH_OPTIONS)
     # Validated once, before the model loads: every pool gets the same knobs.
     config = EngineConfig(num_blocks=max(args.pools), **engine_options(args, ENGINE_OPTIONS))
-    model = load_model(args, None if args.model is None else Path(args.model))
-    workload = uniform_burst(
-        args.requests, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
-    )
+    path = None if args.model is None else Path(args.model)
+    ranks = args.tensor_parallel_size or 1
+    model = load_model(args, path) if ranks == 1 else None
+    vocab_size = LlamaConfig.from_file(model_folder(path) / "config.json").vocab_size
+    workload = uniform_burst(args.requests, args.prompt_len, args.max_tokens, vocab_size=vocab_size)
     options = {name: getattr(config, name) for name in ENGINE_OPTIONS}
+    engines = partial(build_engine, args, model)  # one engine per pool, on 1 or more ranks
     try:
         results = sweep_pool_sizes(
-            model, workload, args.pools, progress=sys.stderr.isatty(), **options
+            engines, workload, args.pools, progress=sys.stderr.isatty(), **options
         )
     except DivergentOutputError as error:
         print(f"llmengine bench: the pools disagree, an engine bug: {error}", file=sys.stderr)
@@ -216,6 +223,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     add_engine_arguments(local, ENGINE_OPTIONS, flags=BENCH_FLAGS, unset=True)
     add_device_arguments(local)
+    add_parallel_argument(local, unset=True)
     remote = parser.add_argument_group("a server (with --url)")
     remote.add_argument(
         "--url", default=None, metavar="http://HOST:PORT/v1",

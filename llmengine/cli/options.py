@@ -138,10 +138,11 @@ def engine_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def add_parallel_argument(parser: Group) -> None:
-    """`--tensor-parallel-size N`: split every layer across N processes (`llmengine.parallel`)."""
+def add_parallel_argument(parser: Group, *, unset: bool = False) -> None:
+    """`--tensor-parallel-size N`: split every layer across N processes (`llmengine.parallel`).
+    With `unset`, left out it is None, so the command can tell whether it was given."""
     parser.add_argument(
-        "--tensor-parallel-size", type=positive_int, default=1, metavar="N",
+        "--tensor-parallel-size", type=positive_int, default=None if unset else 1, metavar="N",
         help="split every layer across N processes on this machine (torch.distributed, gloo); "
         "default 1",
     )  # fmt: skip
