@@ -3,6 +3,8 @@ holds its slice, one scheduler decides, and the text is the single process's."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -23,6 +25,7 @@ import llmengine
 from llmengine.bench.http_client import free_port
 from llmengine.cli import main
 from llmengine.model.config import LlamaConfig
+from llmengine.parallel.cluster import Cluster
 from llmengine.parallel.engine import start_tensor_parallel
 from llmengine.parallel.sharding import Shard, local_config, read_shard, split_dim
 
@@ -227,3 +230,54 @@ def test_bench_sweeps_pools_on_two_ranks_with_the_single_process_numbers(
     for one, two in zip(alone, ranks, strict=True):
         assert {key: one[key] for key in deterministic} == {key: two[key] for key in deterministic}
     assert alone[1]["preemptions"] > 0  # the small pool preempts, on both
+
+
+def test_two_nodes_meet_at_node_0s_address_and_print_the_same_text(
+    gqa_untied: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node 1 is a second `llmengine generate` process, as on another machine; both meet at
+    127.0.0.1 here, as they would at node 0's address on a network."""
+    argv = ["generate", "--model", str(gqa_untied), "--prompt", "w2 w7 w1 w8"]
+    argv += ["--max-tokens", "24", "--temperature", "0", "--ignore-eos", "--kernels", "eager"]
+    assert main(argv) == 0
+    alone = capsys.readouterr().out
+    nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"]
+    nodes += ["--master-port", str(free_port())]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    node_1 = subprocess.Popen(
+        [sys.executable, "-m", "llmengine", *argv, *nodes, "--node-rank", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert main([*argv, *nodes, "--node-rank", "0"]) == 0
+        assert capsys.readouterr().out == alone
+        output, _ = node_1.communicate(timeout=30)
+    finally:
+        if node_1.poll() is None:
+            node_1.kill()
+            node_1.wait(10)
+    assert node_1.returncode == 0 and output == "", output
+
+
+def test_the_cluster_comes_from_flags_or_torchruns_environment() -> None:
+    torchrun = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "1",
+                "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
+    cluster = Cluster.of(4, environment=torchrun)
+    assert (cluster.nnodes, cluster.node_rank, cluster.init_method) == (
+        2, 1, "tcp://10.0.0.1:29500",
+    )  # fmt: skip
+    assert list(cluster.local_ranks) == [2, 3]
+    assert Cluster.of(4, node_rank=0, master_port=1234, environment=torchrun).node_rank == 0
+    assert Cluster.of(2, environment={}).with_port().master_port > 0
+    with pytest.raises(ValueError, match="must divide"):
+        Cluster(4, nnodes=3, master_port=1)
+    with pytest.raises(ValueError, match="need --master-port"):
+        Cluster(4, nnodes=2)
+    with pytest.raises(ValueError, match="--node-rank"):
+        Cluster(4, nnodes=2, node_rank=2, master_port=1)
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        main(["generate", "--prompt", "x", "--nnodes", "0"])
+    assert main(["generate", "--prompt", "x", "--nnodes", "2"]) == 2  # without a size above 1

@@ -15,6 +15,7 @@ from llmengine.cli.options import (
     add_engine_arguments,
     add_parallel_argument,
     build_engine,
+    cluster_of,
     engine_options,
     load_model,
     non_negative_int,
@@ -94,6 +95,8 @@ def _run_bench_pools(args: argparse.Namespace) -> int:
     config = EngineConfig(num_blocks=max(args.pools), **engine_options(args, ENGINE_OPTIONS))
     path = None if args.model is None else Path(args.model)
     ranks = args.tensor_parallel_size or 1
+    if ranks > 1 and cluster_of(args).nnodes > 1:
+        raise ValueError("bench runs its ranks on one machine: --nnodes is for generate and serve")
     model = load_model(args, path) if ranks == 1 else None
     vocab_size = LlamaConfig.from_file(model_folder(path) / "config.json").vocab_size
     workload = uniform_burst(args.requests, args.prompt_len, args.max_tokens, vocab_size=vocab_size)

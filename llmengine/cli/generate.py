@@ -15,7 +15,9 @@ from llmengine.cli.options import (
     add_parallel_argument,
     build_engine,
     engine_options,
+    is_worker_node,
     load_model,
+    run_worker_node,
 )
 from llmengine.sampling import SamplingParams
 
@@ -48,6 +50,8 @@ def run_generate(args: argparse.Namespace) -> int:
     options["num_blocks"] = llmengine.blocks_for_length(
         len(prompt_ids) + params.max_tokens, options["block_size"]
     )
+    if is_worker_node(args):  # another machine's share of the ranks: no engine here
+        return run_worker_node(args, num_slots=1, **options)
     with contextlib.closing(build_engine(args, model, num_slots=1, **options)) as engine:
         return stream_completion(engine, tokenizer, prompt_ids, params)
 

@@ -17,6 +17,7 @@ from llmengine.speed.quantization import QUANTIZATIONS
 if TYPE_CHECKING:
     from llmengine.engine import Engine
     from llmengine.model.llama import Llama
+    from llmengine.parallel.cluster import Cluster
 
 Group = argparse.ArgumentParser | argparse._ArgumentGroup  # argparse names no public type
 
@@ -139,13 +140,57 @@ def engine_options(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
 
 
 def add_parallel_argument(parser: Group, *, unset: bool = False) -> None:
-    """`--tensor-parallel-size N`: split every layer across N processes (`llmengine.parallel`).
-    With `unset`, left out it is None, so the command can tell whether it was given."""
+    """`--tensor-parallel-size N` (split every layer across N processes, `llmengine.parallel`)
+    and where those processes live: `--nnodes`, `--node-rank`, `--master-addr`,
+    `--master-port` (left out: torchrun's environment variables, else one node on 127.0.0.1).
+    With `unset`, a left-out size is None, so the command can tell whether it was given."""
     parser.add_argument(
         "--tensor-parallel-size", type=positive_int, default=None if unset else 1, metavar="N",
-        help="split every layer across N processes on this machine (torch.distributed, gloo); "
-        "default 1",
+        help="split every layer across N processes (torch.distributed, gloo); default 1",
     )  # fmt: skip
+    parser.add_argument(
+        "--nnodes", type=positive_int, default=None, metavar="M",
+        help="machines the N processes spread over, N/M on each (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-rank", type=non_negative_int, default=None, metavar="R",
+        help="this machine's place among them; node 0 runs the scheduler (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--master-addr", default=None, metavar="HOST",
+        help="node 0's address, where the ranks meet (default 127.0.0.1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--master-port", type=positive_int, default=None, metavar="PORT",
+        help="the port node 0 listens on for them (default: a free one, one node only)",
+    )  # fmt: skip
+
+
+NODE_OPTIONS = ("nnodes", "node_rank", "master_addr", "master_port")
+
+
+def is_worker_node(args: argparse.Namespace) -> bool:
+    """Whether this machine only runs ranks for node 0 (no engine of its own here)."""
+    if (args.tensor_parallel_size or 1) == 1:
+        given = [name for name in NODE_OPTIONS if getattr(args, name) is not None]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ValueError(f"{flags} need --tensor-parallel-size above 1")
+        return False
+    return cluster_of(args).node_rank > 0
+
+
+def cluster_of(args: argparse.Namespace) -> Cluster:
+    """The cluster the command line (or torchrun's environment) describes."""
+    from llmengine.parallel.cluster import Cluster
+
+    return Cluster.of(
+        args.tensor_parallel_size,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
 
 
 def build_engine(args: argparse.Namespace, model: Llama | None, **options: Any) -> Engine:
@@ -155,13 +200,24 @@ def build_engine(args: argparse.Namespace, model: Llama | None, **options: Any) 
 
     if model is not None:
         return llmengine.Engine(model, **options)
+    return llmengine.start_tensor_parallel(
+        args.model, tensor_parallel_size=cluster_of(args), **parallel_load(args), **options
+    )
+
+
+def run_worker_node(args: argparse.Namespace, **options: Any) -> int:
+    """This machine's ranks, when it is not node 0: they follow node 0 until it stops."""
+    from llmengine.parallel.engine import run_worker_node
+
+    return run_worker_node(args.model, cluster_of(args), **parallel_load(args), **options)
+
+
+def parallel_load(args: argparse.Namespace) -> dict[str, Any]:
+    """How every rank loads its slice: the CPU only, the ranks talking over gloo."""
     if (args.device or "cpu") != "cpu":
         raise ValueError("--tensor-parallel-size runs its ranks on the CPU (gloo); leave --device")
-    return llmengine.start_tensor_parallel(
-        args.model,
-        tensor_parallel_size=args.tensor_parallel_size,
-        dtype=args.dtype,
-        kernels=args.kernels or "measured",
-        quantization=None if args.quantization in (None, "none") else args.quantization,
-        **options,
-    )
+    return {
+        "dtype": args.dtype,
+        "kernels": args.kernels or "measured",
+        "quantization": None if args.quantization in (None, "none") else args.quantization,
+    }

@@ -15,10 +15,12 @@ from llmengine.cli.options import (
     add_parallel_argument,
     build_engine,
     engine_options,
+    is_worker_node,
     load_model,
     non_negative_float,
     non_negative_int,
     positive_int,
+    run_worker_node,
 )
 from llmengine.engine_config import EngineConfig
 
@@ -50,6 +52,8 @@ def run_serve(args: argparse.Namespace) -> int:
     model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
     tokenizer = llmengine.load_tokenizer(args.model)
     options = engine_options(args, ENGINE_OPTIONS)
+    if is_worker_node(args):  # another machine's share of the ranks: no engine, no server here
+        return run_worker_node(args, **options)
     with contextlib.closing(build_engine(args, model, tokenizer=tokenizer, **options)) as engine:
         return _serve(args, engine, tokenizer, folder, api_key)
 

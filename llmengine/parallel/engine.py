@@ -17,7 +17,6 @@ raises on rank 0 instead of hanging.
 from __future__ import annotations
 
 import contextlib
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +33,7 @@ from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
 from llmengine.model.loader import load_model, model_folder
 from llmengine.outcome import TokenLogprobs
+from llmengine.parallel.cluster import Cluster
 from llmengine.parallel.sharding import Shard, check_divisible
 from llmengine.scheduling.decision import SchedulerOutput
 
@@ -113,7 +113,7 @@ class TensorParallelEngine(Engine):
 def start_tensor_parallel(
     path: str | Path | None,
     *,
-    tensor_parallel_size: int,
+    tensor_parallel_size: int | Cluster,
     dtype: str | None = None,
     kernels: str = "measured",
     quantization: str | None = None,
@@ -121,45 +121,96 @@ def start_tensor_parallel(
     timeout_s: float = TIMEOUT_S,
     **options: Any,
 ) -> TensorParallelEngine:
-    """Start `tensor_parallel_size - 1` worker processes and return the engine on rank 0.
+    """Start this node's other ranks as worker processes and return the engine on rank 0.
 
-    `options` are the `EngineConfig` fields; `compile` and `decode_graph` are refused (their
-    compiled graphs would hide the all-reduces). Each rank loads only its slice of the
-    checkpoint at `path` (None: the embedded model), in `dtype`, its products prepared with
-    `kernels` and `quantization` as `load_model` does. Use it as a context manager, or call
-    `close()`, so the workers stop.
+    `tensor_parallel_size` is the number of ranks, all on this machine, or a `Cluster` whose
+    node 0 this is (the other nodes run `run_worker_node`). `options` are the `EngineConfig`
+    fields; `compile` and `decode_graph` are refused (their compiled graphs would hide the
+    all-reduces). Each rank loads only its slice of the checkpoint at `path` (None: the
+    embedded model), in `dtype`, its products prepared with `kernels` and `quantization` as
+    `load_model` does. Use it as a context manager, or call `close()`, so the workers stop.
     """
-    config = EngineConfig(**options)
-    check_divisible(LlamaConfig.from_file(model_folder(path) / "config.json"), tensor_parallel_size)
-    if config.compile or config.decode_graph:
-        raise ValueError("tensor parallelism runs eager: leave compile and decode_graph off")
-    if tensor_parallel_size < 2:
-        raise ValueError(f"tensor_parallel_size must be at least 2, got {tensor_parallel_size}")
-    load = {"dtype": dtype, "kernels": kernels, "quantization": quantization}
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    context = mp.get_context("spawn")
-    workers = [
-        context.Process(
-            target=_run_worker,
-            args=(Shard(rank, tensor_parallel_size), init_method, path, load, config, timeout_s),
-            daemon=True,
-        )
-        for rank in range(1, tensor_parallel_size)
-    ]
-    for worker in workers:
-        worker.start()
-    _join_group(Shard(0, tensor_parallel_size), init_method, timeout_s)
+    cluster = _cluster(tensor_parallel_size)
+    if cluster.node_rank != 0:
+        raise ValueError("the engine runs on node 0; other nodes call run_worker_node")
+    config, load = _checked(path, cluster, options, dtype, kernels, quantization)
+    workers = _start_workers(cluster, cluster.local_ranks[1:], path, load, config, timeout_s)
     try:
-        model = load_model(path, shard=Shard(0, tensor_parallel_size), **load)
+        _join_group(Shard(0, cluster.size), cluster.init_method, timeout_s)
+        model = load_model(path, shard=Shard(0, cluster.size), **load)
         add_all_reduces(model)
         engine = TensorParallelEngine(model, config, tokenizer=tokenizer)
     except BaseException:
         for worker in workers:
             worker.kill()
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         raise
     engine.workers = workers
     return engine
+
+
+def run_worker_node(
+    path: str | Path | None,
+    cluster: Cluster,
+    *,
+    dtype: str | None = None,
+    kernels: str = "measured",
+    quantization: str | None = None,
+    timeout_s: float = TIMEOUT_S,
+    **options: Any,
+) -> int:
+    """Run this node's ranks of `cluster` (not node 0) until rank 0 stops them; 0 when every
+    one exits cleanly. The options must be node 0's, so every rank builds the same cache."""
+    if cluster.node_rank == 0:
+        raise ValueError("node 0 runs the engine: call start_tensor_parallel there")
+    config, load = _checked(path, cluster, options, dtype, kernels, quantization)
+    workers = _start_workers(cluster, cluster.local_ranks, path, load, config, timeout_s)
+    for worker in workers:
+        worker.join()
+    return max(abs(worker.exitcode or 0) for worker in workers)
+
+
+def _cluster(size: int | Cluster) -> Cluster:
+    return (Cluster(size) if isinstance(size, int) else size).with_port()
+
+
+def _checked(
+    path: str | Path | None,
+    cluster: Cluster,
+    options: dict[str, Any],
+    dtype: str | None,
+    kernels: str,
+    quantization: str | None,
+) -> tuple[EngineConfig, dict[str, Any]]:
+    """The engine configuration and load options, refused before any process starts."""
+    config = EngineConfig(**options)
+    check_divisible(LlamaConfig.from_file(model_folder(path) / "config.json"), cluster.size)
+    if config.compile or config.decode_graph:
+        raise ValueError("tensor parallelism runs eager: leave compile and decode_graph off")
+    return config, {"dtype": dtype, "kernels": kernels, "quantization": quantization}
+
+
+def _start_workers(
+    cluster: Cluster,
+    ranks: range,
+    path: str | Path | None,
+    load: dict[str, Any],
+    config: EngineConfig,
+    timeout_s: float,
+) -> list[mp.Process]:
+    context = mp.get_context("spawn")
+    workers = [
+        context.Process(
+            target=_run_worker,
+            args=(Shard(rank, cluster.size), cluster.init_method, path, load, config, timeout_s),
+            daemon=True,
+        )
+        for rank in ranks
+    ]
+    for worker in workers:
+        worker.start()
+    return workers
 
 
 def _join_group(shard: Shard, init_method: str, timeout_s: float) -> None:
@@ -198,10 +249,3 @@ def _run_worker(
             cache.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
             paged_forward(model, cache, plan.rows)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on now, for the group's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
