@@ -281,3 +281,21 @@ def test_the_cluster_comes_from_flags_or_torchruns_environment() -> None:
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         main(["generate", "--prompt", "x", "--nnodes", "0"])
     assert main(["generate", "--prompt", "x", "--nnodes", "2"]) == 2  # without a size above 1
+
+
+def test_a_rank_that_hangs_makes_the_engine_raise_after_the_timeout(gqa_untied: Path) -> None:
+    params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
+    engine = start_tensor_parallel(
+        gqa_untied, tensor_parallel_size=2, kernels="eager", timeout_s=3.0, num_blocks=16
+    )
+    try:
+        engine.add_request(PROMPTS[0], params)
+        engine.step()
+        os.kill(engine.workers[0].pid, signal.SIGSTOP)  # alive, but answers nothing
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="tensor-parallel rank"):
+            engine.step()
+        assert 2.5 < time.monotonic() - start < 30
+    finally:
+        engine.close()
+    assert not any(worker.is_alive() for worker in engine.workers)

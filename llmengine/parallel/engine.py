@@ -16,7 +16,6 @@ raises on rank 0 instead of hanging.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -74,6 +73,7 @@ class TensorParallelEngine(Engine):
     """The engine on rank 0 of a tensor-parallel group; `close()` stops the other ranks."""
 
     workers: list[mp.Process]
+    failed = False  # a collective failed: the group is broken, the workers are not waited for
 
     def _carry_out(
         self, decision: SchedulerOutput
@@ -88,16 +88,21 @@ class TensorParallelEngine(Engine):
             _broadcast(plan)
             return super()._carry_out(decision)
         except RuntimeError as error:
+            self.failed = True
             raise RuntimeError(f"a tensor-parallel rank failed or hangs: {error}") from error
 
     def close(self) -> None:
-        """Tell the workers to stop, wait for them (killing any that hang), leave the group."""
+        """Tell the workers to stop and wait for them, then leave the group; after a failed
+        step, or a worker that does not stop, the workers are killed instead."""
         if not dist.is_initialized():
             return
-        with contextlib.suppress(RuntimeError):  # a worker is gone already: reaped below
-            _broadcast(None)
+        if not self.failed:
+            try:
+                _broadcast(None)
+            except RuntimeError:
+                self.failed = True
         for worker in self.workers:
-            worker.join(JOIN_TIMEOUT_S)
+            worker.join(0 if self.failed else JOIN_TIMEOUT_S)
             if worker.is_alive():
                 worker.kill()
                 worker.join(JOIN_TIMEOUT_S)
