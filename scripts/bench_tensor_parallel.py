@@ -16,76 +16,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
-from datetime import timedelta
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import llmengine
 from llmengine.lessons.artifacts import markdown_table, write_report
-from llmengine.parallel.cluster import Cluster
+from llmengine.lessons.tensor_parallel import decode_step_ms, parameter_bytes, time_all_reduces
 from llmengine.parallel.sharding import Shard
-
-PROMPT = list(range(3, 19))
-
-
-def decode_step_ms(engine: llmengine.Engine, rows: int, steps: int) -> float:
-    """Mean ms of a decode step with `rows` requests running (their prefill excluded)."""
-    params = llmengine.SamplingParams(max_tokens=steps + 2, ignore_eos=True)
-    engine.add_requests([PROMPT] * rows, params)
-    engine.step()  # the prefills
-    engine.step()  # one decode to warm up
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    elapsed = (time.perf_counter() - start) / steps * 1e3
-    while engine.has_unfinished():
-        engine.step()
-    return elapsed
-
-
-def parameter_bytes(path: Path, shard: Shard | None) -> int:
-    """Bytes of the parameters one rank holds (the whole model when `shard` is None)."""
-    model = llmengine.load_model(path, kernels="eager", shard=shard)
-    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
-
-
-def all_reduce_us(
-    rank: int, port: int, shape: tuple[int, int], repeats: int, out: mp.Queue
-) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=timedelta(seconds=60),
-    )  # fmt: skip
-    tensor = torch.ones(shape)
-    for _ in range(5):
-        dist.all_reduce(tensor)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dist.all_reduce(tensor)
-    if rank == 0:
-        out.put((time.perf_counter() - start) / repeats * 1e6)
-    dist.destroy_process_group()
-
-
-def time_all_reduce(shape: tuple[int, int], repeats: int = 200) -> float:
-    """Microseconds of one all-reduce of a `shape` float32 tensor between two processes."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = Cluster(2).with_port().master_port
-    ranks = [
-        context.Process(target=all_reduce_us, args=(r, port, shape, repeats, queue)) for r in (0, 1)
-    ]
-    for process in ranks:
-        process.start()
-    result = queue.get(timeout=120)
-    for process in ranks:
-        process.join(60)
-    return result
 
 
 def main() -> int:
@@ -99,7 +36,7 @@ def main() -> int:
     path = llmengine.embedded_model_path()
     config = llmengine.LlamaConfig.from_file(path / "config.json")
     memory_rows = [
-        [ranks, parameter_bytes(path, shard) / 2**20]
+        [ranks, parameter_bytes(llmengine.load_model(path, kernels="eager", shard=shard)) / 2**20]
         for ranks, shard in ((1, None), (2, Shard(0, 2)))
     ]
     step_rows, reduce_rows = [], []
@@ -117,7 +54,8 @@ def main() -> int:
         step_rows.append([rows, one, two, one / two])
         size = rows * config.hidden_size * 4
         reduces = 2 * config.num_hidden_layers
-        reduce_rows.append([rows, reduces, size, time_all_reduce((rows, config.hidden_size))])
+        (alone_us,) = time_all_reduces([(rows, config.hidden_size)])
+        reduce_rows.append([rows, reduces, size, alone_us])
     load = os.getloadavg()[0]
     text = (
         f"# Tensor parallelism on this machine\n\nThe embedded model; {os.cpu_count()} CPUs, "
