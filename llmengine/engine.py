@@ -71,17 +71,7 @@ class Engine:
             self.compiled_layers = CompiledLayers()
             self.compile_seconds = self.compiled_layers.warm_up(model)
         self.scheduler = self.scheduler_class(config)
-        parameter = next(model.parameters())
-        # The decode graphs pad a batch up to its bucket; the padding rows write their K/V into
-        # one extra block beyond the pool, which the scheduler never hands out.
-        self.cache = PagedKVCache(
-            model.config,
-            config.num_blocks + 1 if config.decode_graph else config.num_blocks,
-            config.block_size,
-            dtype=parameter.dtype,
-            device=parameter.device,
-            swap_blocks=config.swap_blocks,
-        )
+        self.cache = paged_cache_for(model, config)
         self.decode_graphs: DecodeGraphs | None = None
         self.graph_compile_seconds = 0.0
         self.graph_steps = 0
@@ -330,6 +320,21 @@ class Engine:
         encoded = [self.tokenizer.encode(prompt) for prompt in prompts]
         outputs = self.generate(encoded, params)
         return [self.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+
+
+def paged_cache_for(model: Llama, config: EngineConfig) -> PagedKVCache:
+    """The paged cache an engine under `config` runs `model` on, on the model's device and in
+    its dtype. The decode graphs pad a batch up to its bucket; the padding rows write their
+    K/V into one extra block beyond the pool, which the scheduler never hands out."""
+    parameter = next(model.parameters())
+    return PagedKVCache(
+        model.config,
+        config.num_blocks + 1 if config.decode_graph else config.num_blocks,
+        config.block_size,
+        dtype=parameter.dtype,
+        device=parameter.device,
+        swap_blocks=config.swap_blocks,
+    )
 
 
 def paged_row(row: ScheduledRow) -> PagedRow:

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import torch
@@ -22,7 +21,7 @@ from hf_llama import save_random_llama, save_word_level_tokenizer
 from safetensors import safe_open
 
 import llmengine
-from llmengine.bench.http_client import free_port
+from llmengine.bench.http_client import free_port, wait_for_health
 from llmengine.cli import main
 from llmengine.model.config import LlamaConfig
 from llmengine.parallel.cluster import Cluster
@@ -179,7 +178,7 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_exits_cleanly() -> N
         start_new_session=True,
     )
     try:
-        wait_for_health(f"http://127.0.0.1:{port}", server)
+        wait_for_health(f"http://127.0.0.1:{port}", server, timeout=90)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=30)
         completion = client.completions.create(**greedy)
         assert completion.choices[0].text == expected[0]
@@ -201,19 +200,6 @@ def test_serve_with_two_ranks_answers_the_openai_client_and_exits_cleanly() -> N
         time.sleep(0.1)
     os.killpg(server.pid, signal.SIGKILL)
     raise AssertionError("a process of the server's group outlived it")
-
-
-def wait_for_health(url: str, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 90
-    for _ in range(1800):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert server.poll() is None, server.communicate()[0]
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.05)
 
 
 def test_bench_sweeps_pools_on_two_ranks_with_the_single_process_numbers(

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from llmengine.engine import Engine
+from llmengine.engine import Engine, paged_cache_for, paged_row
 from llmengine.engine_config import EngineConfig
-from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.kv.paged_cache import PagedRow, paged_forward
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
 from llmengine.model.loader import load_model, model_folder
@@ -79,11 +79,10 @@ class TensorParallelEngine(Engine):
         self, decision: SchedulerOutput
     ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
         plan = StepPlan(
-            [PagedRow(row.token_ids, row.start_position, row.request.block_table.block_ids)
-             for row in decision.rows],
+            [paged_row(row) for row in decision.rows],
             decision.blocks_to_swap_out,
             decision.blocks_to_swap_in,
-        )  # fmt: skip
+        )
         try:
             _broadcast(plan)
             return super()._carry_out(decision)
@@ -240,15 +239,7 @@ def _run_worker(
     _join_group(shard, init_method, timeout_s)
     model = load_model(path, shard=shard, **load)
     add_all_reduces(model)
-    parameter = next(model.parameters())
-    cache = PagedKVCache(
-        model.config,
-        config.num_blocks,
-        config.block_size,
-        dtype=parameter.dtype,
-        device=parameter.device,
-        swap_blocks=config.swap_blocks,
-    )
+    cache = paged_cache_for(model, config)
     with torch.inference_mode():
         while (plan := _broadcast(None)) is not None:
             cache.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)

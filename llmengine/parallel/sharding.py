@@ -61,10 +61,15 @@ def local_config(config: LlamaConfig, world: int) -> LlamaConfig:
     )
 
 
+def _module_and_kind(checkpoint_name: str) -> tuple[str, str]:
+    """`("o_proj", "bias")` for `model.layers.0.self_attn.o_proj.bias`."""
+    path, _, kind = checkpoint_name.rpartition(".")
+    return path.rpartition(".")[2], kind
+
+
 def split_dim(checkpoint_name: str) -> int | None:
     """The dimension a tensor is split along (None: every rank reads it whole)."""
-    module, _, kind = checkpoint_name.rpartition(".")
-    module = module.rpartition(".")[2]
+    module, kind = _module_and_kind(checkpoint_name)
     if module in COLUMN:
         return 0
     if module in ROW and kind == "weight":
@@ -81,7 +86,7 @@ def read_shard(handle: object, name: str, shard: Shard) -> torch.Tensor:
     dim = split_dim(name)
     if dim is None:
         tensor = handle.get_tensor(name)
-        row_parallel_bias = name.rpartition(".")[0].rpartition(".")[2] in ROW
+        row_parallel_bias = _module_and_kind(name)[0] in ROW
         return torch.zeros_like(tensor) if shard.rank and row_parallel_bias else tensor
     view = handle.get_slice(name)
     size = view.get_shape()[dim] // shard.world
