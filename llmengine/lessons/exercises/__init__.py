@@ -11,10 +11,14 @@ wrong: the lessons run in CI with every answer blank.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmengine.speed.prepare import PreparedLlama
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,15 @@ def check_with(answer: Any, judge: Callable[[Any], tuple[bool, str]], *, what: s
         return Verdict(None, f"set your answer for {what} and run the cell again.")
     right, observed = judge(answer)
     return Verdict(right, observed if right else f"{observed} Try again.")
+
+
+@functools.cache
+def embedded_model(kernels: str = "measured") -> PreparedLlama:
+    """The embedded model the checkers run, loaded once per process for each `kernels`
+    (`"eager"` skips timing the kernels, for checkers that only count)."""
+    from llmengine.model.loader import load_model
+
+    return load_model(kernels=kernels)
 
 
 def _is_number(value: Any) -> bool:

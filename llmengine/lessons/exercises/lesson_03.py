@@ -7,36 +7,26 @@ what that run shows.
 
 from __future__ import annotations
 
-import functools
-
 from llmengine.generation import generate_tokens
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.forward_log import ForwardLog
-from llmengine.model.loader import load_model
 from llmengine.model.tokenizer import load_tokenizer
 from llmengine.params import SamplingParams, finish_reason
-from llmengine.speed.prepare import PreparedLlama
 
 LINE = "ROMEO:\nBut soft, what light through yonder window breaks?"
-
-
-@functools.cache
-def embedded_model() -> PreparedLlama:
-    """The embedded model with plain `F.linear` products: loaded in a blink, no timing."""
-    return load_model(kernels="eager")
 
 
 def newline_ids() -> tuple[int, ...]:
     """Every token whose text contains a newline: the lesson's stop tokens."""
     tokenizer = load_tokenizer()
-    vocab_size = embedded_model().config.vocab_size
+    vocab_size = embedded_model("eager").config.vocab_size
     return tuple(i for i in range(vocab_size) if "\n" in tokenizer.decode([i]))
 
 
 def plain_loop_positions(prompt_tokens: int, generated: int) -> int:
     """Positions the plain loop computes for the first `prompt_tokens` tokens of the lesson's
     line and `generated` tokens, counted by a `ForwardLog`."""
-    model = embedded_model()
+    model = embedded_model("eager")
     prompt = load_tokenizer().encode(LINE)[:prompt_tokens]
     params = SamplingParams(max_tokens=generated, ignore_eos=True)
     with ForwardLog(model) as log:
@@ -46,7 +36,7 @@ def plain_loop_positions(prompt_tokens: int, generated: int) -> int:
 
 def romeo_finish_reason(max_tokens: int) -> str | None:
     """Why greedy "ROMEO:\\n" with newline stop tokens and `max_tokens` ends."""
-    model = embedded_model()
+    model = embedded_model("eager")
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=newline_ids())
     tokens = generate_tokens(model, load_tokenizer().encode("ROMEO:\n"), params)
     return finish_reason(params, len(tokens), tokens[-1], model.config.eos_token_ids)

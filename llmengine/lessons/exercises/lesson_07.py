@@ -6,28 +6,18 @@ embedded model, `flat_indices` over a block table, the pool's own count of free 
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 
 from llmengine.kv.blocks import BlockTable
 from llmengine.kv.paged_cache import flat_indices
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.paged_walkthrough import PagedWalkthrough
-from llmengine.model.llama import Llama
-
-
-@cache
-def _model() -> Llama:
-    import llmengine
-
-    return llmengine.load_model()
 
 
 def blocks_after_decoding(prompt_tokens: int, steps: int, block_size: int) -> int:
     """Run one sequence through a paged cache: prefill `prompt_tokens`, decode `steps` times;
     the number of blocks its table holds at the end."""
-    model = _model()
+    model = embedded_model()
     room = prompt_tokens + steps + block_size  # blocks enough for every position, and spare
     walk = PagedWalkthrough(model, num_blocks=-(-room // block_size), block_size=block_size)
     vocab = model.config.vocab_size

@@ -8,27 +8,18 @@ given) through `run_static_batches` or the engine on the embedded model and coun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 
 from llmengine.bench.workloads import RequestSpec
-from llmengine.lessons.exercises import Verdict, check_value
-from llmengine.model.llama import Llama
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 
 PROMPT_TOKENS, BLOCK_SIZE = 5, 4
-
-
-@cache
-def _model() -> Llama:
-    import llmengine
-
-    return llmengine.load_model()
 
 
 def _burst(budgets: Sequence[int], seed: int = 29) -> list[RequestSpec]:
     import llmengine
 
     burst = llmengine.uniform_burst(
-        len(budgets), PROMPT_TOKENS, 1, vocab_size=_model().config.vocab_size, seed=seed
+        len(budgets), PROMPT_TOKENS, 1, vocab_size=embedded_model().config.vocab_size, seed=seed
     )
     return llmengine.with_budgets(burst, list(budgets))
 
@@ -37,7 +28,7 @@ def static_rows(budgets: Sequence[int], num_slots: int = 8) -> int:
     """Rows the static runner computes for a burst with these budgets."""
     import llmengine
 
-    run = llmengine.run_static_batches(_model(), _burst(budgets), num_slots=num_slots)
+    run = llmengine.run_static_batches(embedded_model(), _burst(budgets), num_slots=num_slots)
     return sum(run.timing().rows)
 
 
@@ -47,7 +38,7 @@ def engine_rows(budgets: Sequence[int], num_slots: int = 8) -> int:
 
     blocks = sum(-(-(PROMPT_TOKENS + budget) // BLOCK_SIZE) for budget in budgets)
     engine = llmengine.Engine(
-        _model(), num_blocks=blocks, block_size=BLOCK_SIZE, num_slots=num_slots
+        embedded_model(), num_blocks=blocks, block_size=BLOCK_SIZE, num_slots=num_slots
     )
     return sum(llmengine.run_workload(engine, _burst(budgets)).timing().rows)
 
@@ -92,7 +83,7 @@ def check_static_iterations_with_slots(answer: int | None, num_slots: int = 16) 
 
     budgets = [32] + [4] * 7
     queued = _burst(budgets * 2, seed=30)
-    run = llmengine.run_static_batches(_model(), queued, num_slots=num_slots)
+    run = llmengine.run_static_batches(embedded_model(), queued, num_slots=num_slots)
     return check_value(
         answer,
         run.timing().iterations,

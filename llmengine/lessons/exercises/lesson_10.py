@@ -7,19 +7,9 @@ is read from the `IterationOutcome`s of an engine run on the embedded model.
 
 from __future__ import annotations
 
-from functools import cache
-
-from llmengine.lessons.exercises import Verdict, check_value
-from llmengine.model.llama import Llama
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 
 OLDER_PROMPT, YOUNGER_PROMPT = [11, 12, 13, 14, 15], [21, 22, 23, 24, 25]
-
-
-@cache
-def _model() -> Llama:
-    import llmengine
-
-    return llmengine.load_model()
 
 
 def _passes_the_door(prompt_tokens: int, budget: int, num_blocks: int, block_size: int) -> bool:
@@ -71,7 +61,9 @@ def younger_finishes_at(num_slots: int, budget: int) -> int:
 
     params = llmengine.SamplingParams(max_tokens=budget, ignore_eos=True)
     blocks = 2 * llmengine.blocks_for_length(len(OLDER_PROMPT) + budget, 4)
-    engine = llmengine.Engine(_model(), num_blocks=blocks, block_size=4, num_slots=num_slots)
+    engine = llmengine.Engine(
+        embedded_model(), num_blocks=blocks, block_size=4, num_slots=num_slots
+    )
     engine.add_request(OLDER_PROMPT, params)
     younger = engine.add_request(YOUNGER_PROMPT, params)
     iteration = 0

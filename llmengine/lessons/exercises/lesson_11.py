@@ -7,27 +7,17 @@ through the engine on the embedded model and reads the iteration clock.
 
 from __future__ import annotations
 
-from functools import cache
-
 from llmengine.bench.timing import ContinuousTiming
-from llmengine.lessons.exercises import Verdict, check_value
-from llmengine.model.llama import Llama
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 
 PROMPT_TOKENS, BLOCK_SIZE, POOL_BLOCKS = 8, 4, 160
-
-
-@cache
-def _model() -> Llama:
-    import llmengine
-
-    return llmengine.load_model()
 
 
 def burst_timing(requests: int, budget: int, num_slots: int) -> ContinuousTiming:
     """The engine's run of a uniform burst, timed on the iteration clock."""
     import llmengine
 
-    model = _model()
+    model = embedded_model()
     burst = llmengine.uniform_burst(
         requests, PROMPT_TOKENS, budget, vocab_size=model.config.vocab_size, seed=31
     )

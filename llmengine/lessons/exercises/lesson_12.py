@@ -12,19 +12,14 @@ from functools import cache
 
 import llmengine
 from llmengine.bench.workloads import RequestSpec
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 
 NUM_SLOTS, PROMPT_TOKENS, SHORT_BUDGET = 8, 5, 4
 
 
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def burst(long_budget: int = 32) -> list[RequestSpec]:
     """The lesson's burst, its first request allowed `long_budget` tokens."""
-    model = _model()
+    model = embedded_model()
     requests = llmengine.uniform_burst(
         NUM_SLOTS, PROMPT_TOKENS, 1, vocab_size=model.config.vocab_size, seed=29
     )
@@ -36,7 +31,7 @@ def first_forward_rows(
 ) -> int:
     """How many requests of the burst the engine's first forward runs, on one step."""
     engine = llmengine.Engine(
-        _model(),
+        embedded_model(),
         num_blocks=pool_blocks,
         block_size=block_size,
         num_slots=NUM_SLOTS,
@@ -63,7 +58,12 @@ def smallest_pool_running_all(policy: str, block_size: int) -> int:
         if first_forward_rows(pool, policy=policy, block_size=block_size) < len(workload):
             continue
         result = llmengine.sweep_pool_sizes(
-            _model(), workload, [pool], block_size=block_size, num_slots=NUM_SLOTS, policy=policy
+            embedded_model(),
+            workload,
+            [pool],
+            block_size=block_size,
+            num_slots=NUM_SLOTS,
+            policy=policy,
         )
         if llmengine.smallest_pool_running_all(result) == pool:
             return pool

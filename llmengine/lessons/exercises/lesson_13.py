@@ -13,7 +13,7 @@ from functools import cache
 import llmengine
 from llmengine.bench.batchbench import PoolResult
 from llmengine.bench.workloads import RequestSpec
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.incremental_figure import blocks_held_per_forward
 
 OPENING_LINES = (
@@ -23,11 +23,6 @@ OPENING_LINES = (
     "KING LEAR:\nBlow, winds, and",
 )
 BLOCK_SIZE, BUDGET, ROOMY_POOL = 4, 24, 32
-
-
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
 
 
 def burst() -> list[RequestSpec]:
@@ -41,7 +36,7 @@ def burst() -> list[RequestSpec]:
 def run_in_pool(pool_blocks: int) -> PoolResult:
     """The burst through one engine with `pool_blocks` blocks, incremental allocation."""
     (result,) = llmengine.sweep_pool_sizes(
-        _model(),
+        embedded_model(),
         burst(),
         [pool_blocks],
         block_size=BLOCK_SIZE,

@@ -12,7 +12,7 @@ from functools import cache
 import llmengine
 from llmengine.bench.batchbench import PoolResult
 from llmengine.bench.workloads import RequestSpec
-from llmengine.lessons.exercises import Verdict, check_value, check_with
+from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
 
 OPENING_LINES = (
     "ROMEO:\nBut soft, what light",
@@ -26,11 +26,6 @@ BUDGET = 24
 CHOICES = ("more", "fewer", "the same")
 
 
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def burst(max_tokens: int = BUDGET) -> list[RequestSpec]:
     """The lesson's six requests, each allowed `max_tokens`."""
     tokenizer = llmengine.load_tokenizer()
@@ -42,7 +37,7 @@ def burst(max_tokens: int = BUDGET) -> list[RequestSpec]:
 def run_in_pool(pool_blocks: int, block_size: int = 4, max_tokens: int = BUDGET) -> PoolResult:
     """The six requests through one engine of `pool_blocks` blocks of `block_size` tokens."""
     (result,) = llmengine.sweep_pool_sizes(
-        _model(),
+        embedded_model(),
         burst(max_tokens),
         [pool_blocks],
         block_size=block_size,

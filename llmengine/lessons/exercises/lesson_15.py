@@ -3,25 +3,17 @@ evicts. Each check runs the engine on the embedded model to find the right answe
 
 from __future__ import annotations
 
-from functools import cache
-
 import llmengine
 from llmengine.bench.workloads import RequestSpec
 from llmengine.engine import Engine
-from llmengine.lessons.exercises import Verdict, check_value, check_with
+from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
 from llmengine.lessons.stress import run_stress
-from llmengine.model.llama import Llama
 from llmengine.sampling import SamplingParams
 
 BLOCK_SIZE, SLOTS = 4, 6
 SPEAKERS = ["ROMEO", "JULIET", "HAMLET", "KING LEAR", "MACBETH", "PORTIA"]
 SPEAKERS += ["OTHELLO", "PROSPERO", "BRUTUS", "ANTONY", "HENRY V", "ORSINO"]
 FIRST_TWELVE = 12
-
-
-@cache
-def _model() -> Llama:
-    return llmengine.load_model()
 
 
 def params_for(index: int) -> SamplingParams:
@@ -41,7 +33,7 @@ def first_twelve() -> list[RequestSpec]:
 
 def blocks_held(prompt_length: int) -> tuple[int, int]:
     """Blocks one request holds in its prefill's forward and in its first decode's forward."""
-    engine = Engine(_model(), num_blocks=16, block_size=BLOCK_SIZE, num_slots=2)
+    engine = Engine(embedded_model(), num_blocks=16, block_size=BLOCK_SIZE, num_slots=2)
     engine.add_request(list(range(2, 2 + prompt_length)), SamplingParams(max_tokens=4))
     prefill, first_decode = engine.step(), engine.step()
     return prefill.held_blocks, first_decode.held_blocks
@@ -60,7 +52,7 @@ def check_blocks_for_an_eleven_token_prompt(answer: tuple[int, int] | None) -> V
 
 def largest_budget_through_the_door(prompt_length: int, num_blocks: int) -> int:
     """The largest `max_tokens` that `add_request` accepts, found by asking the engine."""
-    engine = Engine(_model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=2)
+    engine = Engine(embedded_model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=2)
     prompt = list(range(2, 2 + prompt_length))
     budget = 0
     while True:
@@ -89,7 +81,11 @@ def evictions_in(num_blocks: int) -> int | None:
     when the door refuses one of them."""
     try:
         run = run_stress(
-            _model(), first_twelve(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=SLOTS
+            embedded_model(),
+            first_twelve(),
+            num_blocks=num_blocks,
+            block_size=BLOCK_SIZE,
+            num_slots=SLOTS,
         )
     except ValueError:
         return None

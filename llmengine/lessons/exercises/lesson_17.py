@@ -5,23 +5,15 @@ or the engine on the embedded model."""
 from __future__ import annotations
 
 import itertools
-from functools import cache
 
-import llmengine
 from llmengine.engine import Engine
 from llmengine.kv.blocks import blocks_for_length
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.lookahead import LookaheadEngine
 from llmengine.lessons.watermarks import vllm_watermark_blocks
-from llmengine.model.llama import Llama
 from llmengine.sampling import SamplingParams
 
 BLOCK_SIZE = 4
-
-
-@cache
-def _model() -> Llama:
-    return llmengine.load_model()
 
 
 def smallest_pool_for_watermark(blocks: int) -> int:
@@ -48,7 +40,11 @@ def largest_watermark_the_door_admits(num_blocks: int, prompt: int, budget: int)
     largest = -1
     for watermark in range(num_blocks):
         engine = Engine(
-            _model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=1, watermark=watermark
+            embedded_model(),
+            num_blocks=num_blocks,
+            block_size=BLOCK_SIZE,
+            num_slots=1,
+            watermark=watermark,
         )
         try:
             engine.add_request(list(range(2, 2 + prompt)), params)
@@ -75,7 +71,7 @@ def admitted_by_the_reserve(num_requests: int, num_blocks: int, prompt: int = 8)
     """How many of `num_requests` requests with `prompt`-token prompts the lookahead reserve
     admits in the first iteration, one slot each, on the real engine."""
     engine = LookaheadEngine(
-        _model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=num_requests
+        embedded_model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, num_slots=num_requests
     )
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for _ in range(num_requests):

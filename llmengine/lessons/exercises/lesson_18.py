@@ -7,12 +7,9 @@ right answer, then compares the learner's prediction with it.
 
 from __future__ import annotations
 
-from functools import cache
-
-import llmengine
 from llmengine.bench.batchbench import PoolResult, sweep_pool_sizes
 from llmengine.bench.workloads import uniform_burst
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.preemption_cost import H100_SXM, LLAMA_3_1_8B, PCIE5_X16, linear_ratio
 
 # The lesson's burst: six requests, 5-token prompts, 24 greedy tokens each, blocks of four
@@ -23,14 +20,9 @@ ROOMY_SWAP = 64
 LOW_FRACTION = 0.25
 
 
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def burst_run(pool_blocks: int, **mode: object) -> PoolResult:
     """The lesson's burst through one engine of `pool_blocks` blocks, in the given mode."""
-    model = _model()
+    model = embedded_model()
     burst = uniform_burst(REQUESTS, PROMPT, BUDGET, vocab_size=model.config.vocab_size, seed=SEED)
     return sweep_pool_sizes(
         model, burst, [pool_blocks], block_size=BLOCK_SIZE, num_slots=SLOTS, **mode

@@ -7,34 +7,32 @@ about what does not: positions computed, rows computed for nobody, operators lau
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 
 import llmengine
 from llmengine.bench import throughput
 from llmengine.bench.batchbench import run_workload
 from llmengine.bench.workloads import RequestSpec
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 
 BLOCK_SIZE = 16
 LESSON_ROWS = 16  # the rows of the lesson's decode step
 STAIRCASE_BUDGETS = tuple(range(4, 33, 4))  # 4, 8, ..., 32
 
 
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
 def mixed_workload() -> list[RequestSpec]:
     """The lesson's mixed workload: 16 requests, prompts of 4 to 48 tokens, budgets 4 to 64."""
     return llmengine.mixed_workload(
-        16, prompt_lens=(4, 48), budgets=(4, 64), vocab_size=_model().config.vocab_size, seed=15
+        16,
+        prompt_lens=(4, 48),
+        budgets=(4, 64),
+        vocab_size=embedded_model().config.vocab_size,
+        seed=15,
     )
 
 
 def staircase_workload() -> list[RequestSpec]:
     """Eight requests with 16-token prompts and budgets 4, 8, ..., 32."""
-    vocab_size = _model().config.vocab_size
+    vocab_size = embedded_model().config.vocab_size
     return [
         spec
         for seed, budget in enumerate(STAIRCASE_BUDGETS)
@@ -45,7 +43,7 @@ def staircase_workload() -> list[RequestSpec]:
 def _engine(workload: Sequence[RequestSpec], rows: int | None = None) -> llmengine.Engine:
     """An engine with a slot per request and a pool for every request's worst case."""
     return llmengine.Engine(
-        _model(),
+        embedded_model(),
         num_blocks=throughput.pool_blocks(workload, BLOCK_SIZE),
         block_size=BLOCK_SIZE,
         num_slots=rows or len(workload),
@@ -72,7 +70,7 @@ def check_positions_llmengine_computes(answer: int | None) -> Verdict:
 def decode_operators(rows: int) -> int:
     """Operators one decode step of `rows` rows launches, set up as the lesson's
     `decode_anatomy` sets it up: a prefill, one untimed decode step, then the counted one."""
-    model = _model()
+    model = embedded_model()
     workload = llmengine.uniform_burst(rows, 16, 8, vocab_size=model.config.vocab_size, seed=15)
     engine = _engine(workload)
     for spec in workload:

@@ -15,7 +15,7 @@ import httpx
 import llmengine
 from llmengine.bench.batchbench import WorkloadRun, run_workload
 from llmengine.bench.workloads import uniform_burst
-from llmengine.lessons.exercises import Verdict, check_value, check_with
+from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
 
 # The lesson's burst: 24 requests with 32-token prompts and 48 tokens each, ids below 1,000.
 REQUESTS, PROMPT_LEN, BUDGET, SEED = 24, 32, 48, 20
@@ -27,18 +27,15 @@ MODEL_NAME = "tiny-shakespeare"
 
 
 @cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model()
-
-
-@cache
 def burst_run(
     requests: int = REQUESTS, budget: int = BUDGET, *, num_blocks: int = 256, **options: object
 ) -> WorkloadRun:
     """The lesson's burst (or a variant) through one engine, on the iteration clock; the runs
     are deterministic, so each is made once and kept."""
     burst = uniform_burst(requests, PROMPT_LEN, budget, vocab_size=1000, seed=SEED)
-    engine = llmengine.Engine(_model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, **options)
+    engine = llmengine.Engine(
+        embedded_model(), num_blocks=num_blocks, block_size=BLOCK_SIZE, **options
+    )
     return run_workload(engine, burst)
 
 
@@ -112,7 +109,9 @@ def check_most_prompts_in_one_request(answer: int | None) -> Verdict:
     def judge(prompts: int) -> tuple[bool, str]:
         if prompts < 1:
             return False, f"a request needs at least one prompt, not {prompts}."
-        engine = llmengine.Engine(_model(), num_blocks=64, block_size=BLOCK_SIZE, num_slots=64)
+        engine = llmengine.Engine(
+            embedded_model(), num_blocks=64, block_size=BLOCK_SIZE, num_slots=64
+        )
         app = create_app(engine, llmengine.load_tokenizer(), served_model_name=MODEL_NAME)
         with serve_in_thread(app) as url:
             at, above = status_for_prompts(url, prompts), status_for_prompts(url, prompts + 1)

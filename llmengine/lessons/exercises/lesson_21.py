@@ -12,13 +12,8 @@ from functools import cache
 import llmengine
 from llmengine.bench.batchbench import run_workload
 from llmengine.bench.workloads import RequestSpec, uniform_burst
-from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.prefix_sharing import SYSTEM_PROMPT, system_prompt_workload
-
-
-@cache
-def _model() -> llmengine.Llama:
-    return llmengine.load_model(kernels="eager")
 
 
 @cache
@@ -33,7 +28,7 @@ def cached_positions(workload: list[RequestSpec], *, block_size: int, num_slots:
         -(-(len(s.prompt_token_ids) + s.params.max_tokens) // block_size) for s in workload
     )
     engine = llmengine.Engine(
-        _model(),
+        embedded_model("eager"),
         num_blocks=blocks,
         block_size=block_size,
         num_slots=num_slots,
@@ -46,7 +41,9 @@ def cached_positions(workload: list[RequestSpec], *, block_size: int, num_slots:
 def same_prompt_twice_hits(prompt_len: int, block_size: int) -> int:
     """Two requests with one seeded `prompt_len`-token prompt, admitted together, one token
     each: the positions the second takes from the first's blocks."""
-    prompt = uniform_burst(1, prompt_len, 1, vocab_size=_model().config.vocab_size, seed=21)
+    prompt = uniform_burst(
+        1, prompt_len, 1, vocab_size=embedded_model("eager").config.vocab_size, seed=21
+    )
     return cached_positions(prompt * 2, block_size=block_size)
 
 
@@ -91,7 +88,7 @@ def shortest_prompt_taking(blocks: int, block_size: int = 16) -> int:
     """The shortest prompt whose second copy takes `blocks` full blocks, found by running the
     engine: a bisection over prompt lengths, since a longer prompt never takes fewer."""
     wanted = blocks * block_size
-    low, high = 1, min(2 * wanted, _model().config.max_position_embeddings - 1)
+    low, high = 1, min(2 * wanted, embedded_model("eager").config.max_position_embeddings - 1)
     if same_prompt_twice_hits(high, block_size) < wanted:
         raise ValueError(f"no prompt within the context takes {blocks} blocks of {block_size}")
     while high - low > 1:
