@@ -40,6 +40,7 @@ from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduling.request import Request as Request
 from llmengine.scheduling.request import RequestState as RequestState
 from llmengine.scheduling.scheduler import Scheduler as Scheduler
+from llmengine.structured.constraint import Constraint as Constraint
 
 # Names from the bench layer, by the module that defines them: resolved by `__getattr__`
 # the first time they are asked for, never at `import llmengine`.

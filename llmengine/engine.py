@@ -29,6 +29,7 @@ from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.speed.decode_graph import DecodeGraphs, buckets_for
+from llmengine.structured.matchers import RequestGrammars
 
 
 class Engine:
@@ -88,6 +89,9 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self._generators: dict[int, torch.Generator | None] = {}
         self.prompt_logprobs = PromptLogprobs()
+        # Matchers of the constrained requests (SamplingParams.constraint), through the
+        # tokenizer: a grammar is over text, the mask over token ids.
+        self.grammars = RequestGrammars(tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._next_id = 0
 
     # -- the pool, as callers see it -----------------------------------------------------
@@ -146,12 +150,14 @@ class Engine:
         """Queue a prompt; returns its request id.
 
         Everything is checked before anything changes: an empty prompt, a token id outside the
-        vocabulary, or a worst case (prompt plus max_tokens) beyond the empty pool raises
+        vocabulary, a worst case (prompt plus max_tokens) beyond the empty pool, or a
+        constraint that does not compile (compiled here, once per distinct constraint) raises
         ValueError and leaves the engine as it was.
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt = check_prompt(prompt_token_ids, self.model.config.vocab_size)
+        self.grammars.check(params)
         request = Request(
             request_id=self._next_id,
             prompt_token_ids=prompt,
@@ -165,6 +171,7 @@ class Engine:
         # On the cache's device: a CUDA row cannot draw from a CPU generator.
         self._generators[request.request_id] = make_generator(params, self.cache.device)
         self.prompt_logprobs.add(request)
+        self.grammars.add(request.request_id, params)
         return request.request_id
 
     def add_requests(
@@ -239,7 +246,7 @@ class Engine:
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         decision = self.scheduler.schedule()
         logits, prompt_logprobs = self._carry_out(decision)
-        sampled = sample_rows(decision.rows, logits, self._generators)
+        sampled = sample_rows(decision.rows, logits, self._generators, self.grammars)
         finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
         self._forget(request.request_id for request in finished)
         for request_id in sampled.failed:
@@ -290,6 +297,7 @@ class Engine:
         for request_id in request_ids:
             del self._generators[request_id]
             self.prompt_logprobs.forget(request_id)
+            self.grammars.forget(request_id)
 
     def check_integrity(self) -> None:
         """The scheduler's invariants: each pool's free plus held is its size, every slot and

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from llmengine.structured.constraint import Constraint
+
 FinishReason = Literal["length", "stop", "eos"]
 _MAX_SEED = 2**64 - 1
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for, as in OpenAI's API
@@ -53,6 +55,10 @@ class SamplingParams:
     - `prompt_logprobs`: None, or k in [0, 20]: the same for every prompt token after the
       first (what the model thought of the prompt), computed by the prefill. Such a request
       takes no prefix-cache hits: a cached block is never computed, so it has no logits.
+    - `constraint`: None, or a `Constraint` the output must match (a JSON schema, any JSON
+      object, a regular expression, a choice, a grammar); tokens it refuses are masked out
+      before sampling, and the request ends on an end-of-sequence token once it is complete,
+      so it cannot be combined with `ignore_eos`.
     """
 
     max_tokens: int = 16
@@ -67,6 +73,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -104,6 +111,13 @@ class SamplingParams:
                 raise ValueError(
                     f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}"
                 )
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(f"constraint must be a Constraint, got {self.constraint!r}")
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError(
+                "a constrained request ends on an end-of-sequence token once its output is "
+                "complete; ignore_eos would run it past its grammar"
+            )
 
     @property
     def has_penalties(self) -> bool:

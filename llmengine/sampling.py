@@ -22,6 +22,7 @@ from llmengine.params import FinishReason, SamplingParams, finish_reason
 
 if TYPE_CHECKING:
     from llmengine.scheduling.decision import ScheduledRow
+    from llmengine.structured.matchers import RequestGrammars
 
 # One row's tokens so far and how many of them are the prompt: what a penalty looks at.
 History = tuple[Sequence[int], int]
@@ -176,6 +177,7 @@ def sample_rows(
     rows: Sequence[ScheduledRow],
     logits: torch.Tensor,
     generators: Mapping[int, torch.Generator | None],
+    grammars: RequestGrammars | None = None,
 ) -> Sampled:
     """One token per sampling row of a step, each from its own request's parameters, history
     and generator (by request id); the log-probabilities of those whose request asked; and
@@ -184,6 +186,9 @@ def sample_rows(
 
     A prefill chunk that stops short of its request's last token is skipped: its logits
     predict a token the request already has, and drawing for it would move the generator.
+    A constrained request's row (`grammars`) has every token its grammar refuses set to -inf
+    before penalties, temperature, top-k and top-p, and its matcher moves past the token
+    drawn; its log-probabilities stay those of the raw logits.
     """
     sampled = Sampled()
     sampling = [index for index, row in enumerate(rows) if row.samples]
@@ -194,10 +199,21 @@ def sample_rows(
         if not ok:
             sampled.failed[rows[index].request.request_id] = "the model's logits were not finite"
     indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
-    if not indices:
-        return sampled
     requests = [rows[index].request for index in indices]
-    logits = logits[indices]
+    raw = logits[indices]
+    logits = raw
+    allowed = None if grammars is None else grammars.allowed([r.request_id for r in requests])
+    if allowed is not None:
+        logits = raw.masked_fill(~allowed.to(raw.device), float("-inf"))
+        for request, ok in zip(requests, allowed.any(dim=-1).tolist(), strict=True):
+            if not ok:
+                sampled.failed[request.request_id] = "the grammar allows no token here"
+        keep = [
+            row for row, request in enumerate(requests) if request.request_id not in sampled.failed
+        ]
+        requests, raw, logits = [requests[row] for row in keep], raw[keep], logits[keep]
+    if not requests:
+        return sampled
     tokens = sample_tokens(
         logits,
         [request.params for request in requests],
@@ -206,8 +222,10 @@ def sample_rows(
     )
     for row, (request, token) in enumerate(zip(requests, tokens, strict=True)):
         sampled.tokens[request.request_id] = token
+        if grammars is not None:
+            grammars.accept(request.request_id, token)
         if request.params.logprobs is not None:
             sampled.logprobs[request.request_id] = token_logprobs(
-                logits[row], token, request.params.logprobs
+                raw[row], token, request.params.logprobs
             )
     return sampled

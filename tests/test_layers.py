@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
 OUTER_LAYERS = ("bench", "lessons", "server")
 FRONT_DOOR = {"__init__", "__main__", "cli"}
-CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel")
+CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel", "structured")
 HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
 
 
@@ -103,6 +103,7 @@ def test_the_scheduler_side_knows_no_tensors() -> None:
         "kv.blocks", "kv.prefix_cache", "params", "outcome", "engine_config",
         "scheduling.request", "scheduling.scheduler", "scheduling.decision",
         "scheduling.policy", "scheduling.block_manager", "scheduling.swap_space",
+        "structured.constraint",
     }  # fmt: skip
     for name in integer_side:
         path = PACKAGE.joinpath(*name.split(".")).with_suffix(".py")

@@ -1,0 +1,94 @@
+"""The grammar state of an engine's constrained requests, and the masks it puts on logits.
+
+Each constrained request has a matcher from the time it is added until it finishes or is
+aborted. A matcher moves only when the sampler keeps a token, and a preempted request keeps
+its generated tokens (recompute or swap alike), so its matcher stays valid through any
+preemption with nothing to replay; prefill chunks that sample nothing never consult it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from llmengine.params import SamplingParams
+from llmengine.structured.grammar import GrammarCompiler
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class RequestGrammars:
+    """Per-request matchers over one lazily built `GrammarCompiler`.
+
+    The compiler is built on the first constraint (reading the tokenizer costs a few
+    milliseconds), so an engine that never sees one never imports llguidance. `mask_seconds`
+    and `num_masks` add up the time spent computing masks, the cost a constraint adds to a
+    step.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos_token_ids = tuple(eos_token_ids)
+        self._compiler: GrammarCompiler | None = None
+        self._matchers: dict[int, Any] = {}
+        self.mask_seconds = 0.0
+        self.num_masks = 0
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        """The compiler for this engine's tokenizer; ValueError when it has none."""
+        if self._compiler is None:
+            if self._tokenizer is None:
+                raise ValueError(
+                    "a constrained request needs the engine's tokenizer: pass tokenizer= to Engine"
+                )
+            self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos_token_ids)
+        return self._compiler
+
+    def check(self, params: SamplingParams) -> None:
+        """Compile the request's constraint now (cached), so that a bad one is refused before
+        the request is queued; nothing for an unconstrained request."""
+        if params.constraint is not None:
+            self.compiler.compile(params.constraint)
+
+    def add(self, request_id: int, params: SamplingParams) -> None:
+        if params.constraint is not None:
+            self._matchers[request_id] = self.compiler.matcher(params.constraint)
+
+    def forget(self, request_id: int) -> None:
+        self._matchers.pop(request_id, None)
+
+    def is_constrained(self, request_id: int) -> bool:
+        return request_id in self._matchers
+
+    def allowed(self, request_ids: Sequence[int]) -> torch.Tensor | None:
+        """`[rows, vocab]` booleans, True where row i's grammar allows the token (every token
+        for an unconstrained row); None when no row is constrained."""
+        rows = [row for row, request_id in enumerate(request_ids) if request_id in self._matchers]
+        if not rows:
+            return None
+        start = time.perf_counter()
+        words = (self._vocab_size + 31) // 32
+        bitmask = torch.full((len(request_ids), words), -1, dtype=torch.int32)
+        for row in rows:
+            view = bitmask[row]
+            self._matchers[request_ids[row]].unsafe_compute_mask_ptr(
+                view.data_ptr(), view.numel() * view.element_size()
+            )
+        allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, : self._vocab_size]
+        self.mask_seconds += time.perf_counter() - start
+        self.num_masks += len(rows)
+        return allowed
+
+    def accept(self, request_id: int, token_id: int) -> None:
+        """Move a constrained request's matcher past the token the sampler kept."""
+        matcher = self._matchers.get(request_id)
+        if matcher is not None and not matcher.consume_token(token_id):
+            raise RuntimeError(
+                f"request {request_id}: the grammar refused token {token_id}, which its own "
+                f"mask allowed: {matcher.get_error()}"
+            )
