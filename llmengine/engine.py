@@ -63,7 +63,6 @@ class Engine:
     ) -> None:
         self.config = config = EngineConfig.of(config, options)
         self.model = model
-        self.tokenizer = tokenizer
         # Compiled halves of every layer (llmengine.speed.compiled), compiled here rather than on
         # the first requests; compile_seconds says what that cost.
         self.compiled_layers: CompiledLayers | None = None
@@ -93,6 +92,15 @@ class Engine:
         # tokenizer: a grammar is over text, the mask over token ids.
         self.grammars = RequestGrammars(tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._next_id = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of `generate_text` and of constrained requests (None when none)."""
+        return self.grammars.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        self.grammars.tokenizer = tokenizer
 
     # -- the pool, as callers see it -----------------------------------------------------
 

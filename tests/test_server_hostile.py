@@ -86,9 +86,19 @@ def test_lone_surrogates_are_400_with_an_error_object(
         ({"best_of": 2}, "best_of"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"suffix": "x"}, "suffix"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                }
+            },
+            "response_format",
+        ),
+        ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"structured_outputs": {"grammar": "x" * 100_001}}, "structured_outputs"),
         ({"stream_options": {"include_usage": True, "extra": 1}}, "stream_options"),
     ],
 )
@@ -103,7 +113,47 @@ def test_values_the_server_cannot_honour_are_400_naming_the_field(
 def test_a_chat_message_field_the_server_does_not_use_is_400(server: Served) -> None:
     messages = [{"role": "user", "content": "Hi", "tool_calls": []}]
     error = assert_error(server.post("/v1/chat/completions", {**CHAT, "messages": messages}), 400)
-    assert "messages.0.tool_calls" in error["message"]
+    assert "tool_calls belong to an assistant message" in error["message"]
+    messages = [{"role": "user", "content": "Hi", "function_call": {}}]
+    error = assert_error(server.post("/v1/chat/completions", {**CHAT, "messages": messages}), 400)
+    assert "messages.0.function_call" in error["message"]
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "says"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice", "needs tools"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice",
+            "'g', which tools does not define",
+        ),
+        (
+            {
+                "tools": [TOOL],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+            "both constrain",
+        ),
+        ({"tools": [{**TOOL, "function": {"name": "a b"}}]}, "tools", "pattern"),
+        ({"tools": [TOOL] * 129}, "tools", "at most 128"),
+    ],
+)
+def test_tools_that_cannot_be_called_are_400(
+    server: Served, change: dict, param: str, says: str
+) -> None:
+    error = assert_error(server.post("/v1/chat/completions", {**CHAT, **change}), 400, param)
+    assert says in error["message"]
+
+
+def test_tools_are_a_chat_field_only(server: Served) -> None:
+    error = assert_error(server.post("/v1/completions", {**COMPLETION, "tools": [TOOL]}), 400)
+    assert "tools" in error["message"]
 
 
 def test_fields_real_clients_send_are_still_taken(server: Served) -> None:

@@ -64,8 +64,11 @@ def create_app(
     plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`) whose pages
     may call the API from a browser (CORS); none by default. The app owns the engine from its
     startup to its shutdown: nothing else may step it meanwhile. `app.state.engine_loop`,
-    `app.state.metrics` and `app.state.drain` are there to inspect.
+    `app.state.metrics` and `app.state.drain` are there to inspect. An engine built without
+    a tokenizer is given this one: its constrained requests need it.
     """
+    if engine.tokenizer is None:
+        engine.tokenizer = tokenizer
     metrics = ServerMetrics()
     engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
     serving = Serving(engine_loop, tokenizer, ChatFormatter(tokenizer, chat_template),

@@ -2,9 +2,9 @@
 
 A checkpoint whose `tokenizer_config.json` has a `chat_template` (a Jinja template, or a
 list of named ones, of which "default" is used) is rendered with jinja2 in a sandbox, as
-transformers' `apply_chat_template` does, with `messages`, `add_generation_prompt=True`,
-`bos_token` and `eos_token`; the rendered text already holds whatever special tokens the
-template writes, so it is encoded without adding more.
+transformers' `apply_chat_template` does, with `messages`, `tools` (when the request has
+them), `add_generation_prompt=True`, `bos_token` and `eos_token`; the rendered text already
+holds whatever special tokens the template writes, so it is encoded without adding more.
 
 A checkpoint with no template (the embedded Shakespeare model has none) gets the plain
 template, which writes each message as a speech heading the way the model's training text
@@ -18,12 +18,15 @@ does, a blank line between messages, and ends with the assistant's heading:
 
     ASSISTANT:
 
-The plain text is encoded like any prompt (with the tokenizer's BOS, as in training).
+An assistant message's tool calls follow its text, one JSON object per line
+(`{"name": ..., "arguments": ...}`), and a tool's answer is a `TOOL:` speech. The plain text
+is encoded like any prompt (with the tokenizer's BOS, as in training).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,29 @@ def chat_template_of(folder: Path, tokenizer: Any = None) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
-def plain_prompt(messages: Sequence[tuple[str, str]]) -> str:
+Message = tuple[str, str] | Mapping[str, Any]  # (role, text), or a message's fields
+
+
+def message_fields(message: Message) -> dict[str, Any]:
+    """A message as a dict with at least `role` and `content`."""
+    if isinstance(message, tuple):
+        role, content = message
+        return {"role": role, "content": content}
+    return dict(message)
+
+
+def plain_prompt(messages: Sequence[Message]) -> str:
     """The plain template: `ROLE:` headings, a blank line between, the assistant's to end."""
-    turns = [f"{role.upper()}:\n{content}\n\n" for role, content in messages]
+    turns = []
+    for message in map(message_fields, messages):
+        calls = [
+            json.dumps(
+                {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+            )
+            for call in message.get("tool_calls") or ()
+        ]
+        text = "\n".join(part for part in (message["content"], *calls) if part)
+        turns.append(f"{message['role'].upper()}:\n{text}\n\n")
     return "".join(turns) + "ASSISTANT:\n"
 
 
@@ -61,8 +84,11 @@ class ChatFormatter:
             environment.globals["raise_exception"] = _raise_exception
             self._template = environment.from_string(template)
 
-    def token_ids(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """The prompt of `messages` (role, text pairs), ready for the engine.
+    def token_ids(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """The prompt of `messages` ((role, text) pairs or message dicts) and the request's
+        `tools` (which only a checkpoint's own template shows the model), ready for the engine.
 
         ValueError when the template refuses them (its `raise_exception`) or fails.
         """
@@ -72,7 +98,8 @@ class ChatFormatter:
 
         try:
             text = self._template.render(
-                messages=[{"role": role, "content": content} for role, content in messages],
+                messages=[message_fields(message) for message in messages],
+                tools=None if tools is None else list(tools),
                 add_generation_prompt=True,
                 bos_token=getattr(self.tokenizer, "bos_token", None) or "",
                 eos_token=getattr(self.tokenizer, "eos_token", None) or "",

@@ -4,10 +4,11 @@ The fields and defaults are OpenAI's (temperature 1.0, top_p 1.0, n 1; `max_toke
 completions, its legacy default), plus vLLM's extensions `top_k`, `repetition_penalty`,
 `stop_token_ids` and `ignore_eos`. Types are strict (`"n": "2"` is refused, not read as 2)
 and ranges are checked here, so a bad value is a 400 naming its field; `SamplingParams`
-checks again. A field this server does not implement (`tools`, `response_format`,
-`logit_bias`, `best_of`, `suffix`, ...) is refused with a 400 naming it rather than ignored,
-so a client never takes prose for what it asked. `user` is accepted and not used (OpenAI
-keeps it for abuse monitoring).
+checks again. A field this server does not implement (`logit_bias`, `best_of`, `suffix`,
+...) is refused with a 400 naming it rather than ignored, so a client never takes prose for
+what it asked. `response_format`, vLLM's `structured_outputs` and (chat) `tools` with
+`tool_choice` constrain the output (`llmengine.server.structured`). `user` is accepted and
+not used (OpenAI keeps it for abuse monitoring).
 
 One request is at most `MAX_CHOICES` engine requests (prompts x n): everything it costs
 before the engine sees it is bounded by that.
@@ -43,6 +44,17 @@ from llmengine.params import (
     REPETITION_PENALTY_RANGE,
     SamplingParams,
 )
+from llmengine.server.structured import (
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputs,
+    ToolChoice,
+    Tools,
+    named_tool,
+    response_format_constraint,
+    tool_call_constraint,
+)
+from llmengine.structured.constraint import Constraint
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
 MAX_N = 64
@@ -109,6 +121,8 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
 
     @model_validator(mode="before")
     @classmethod
@@ -123,6 +137,25 @@ class SamplingFields(BaseModel):
                     raise ValueError(f"{name} holds a lone UTF-16 surrogate, which is not text")
         return data
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_constraint(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("response_format") is not None:
+            raise ValueError("response_format and structured_outputs both constrain the "
+                             "output; send one")  # fmt: skip
+        return value
+
+    def constraint(self) -> Constraint | None:
+        """What the output must match, or None when it is free."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.constraint()
+        return response_format_constraint(self.response_format)
+
+    @property
+    def constraint_field(self) -> str:
+        """The field a refused constraint is blamed on."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
     @property
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -134,7 +167,12 @@ class SamplingFields(BaseModel):
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
     def sampling_params(
-        self, max_tokens: int, sample: int, logprobs: int | None, prompt_logprobs: int | None
+        self,
+        max_tokens: int,
+        sample: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None,
+        constraint: Constraint | None = None,
     ) -> SamplingParams:
         """The engine parameters of sample `sample` (0 to n-1) of one prompt.
 
@@ -158,6 +196,7 @@ class SamplingFields(BaseModel):
             seed=None if self.seed is None else (self.seed + sample) % 2**64,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            constraint=constraint,
             **options,
         )
 
@@ -223,11 +262,47 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made, as the response gave it (sent back in a history)."""
+
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's answer to that call
+
+    @model_validator(mode="after")
+    def _calls_from_the_assistant(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls belong to an assistant message, not a {self.role}'s")
+        return self
+
+    def template_fields(self) -> dict[str, Any]:
+        """The message as a chat template reads it: role and text, and the tool fields set."""
+        fields: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            fields["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        for name in ("name", "tool_call_id"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        return fields
 
     @property
     def text(self) -> str:
@@ -246,6 +321,42 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_choice_among_the_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools")
+        if value is None:
+            return value
+        if tools is None:
+            raise ValueError("needs tools to choose from")
+        if isinstance(value, NamedToolChoice):
+            named_tool(tools, value.function.name)
+        forced = value == "required" or isinstance(value, NamedToolChoice)
+        if forced and (info.data.get("response_format") or info.data.get("structured_outputs")):
+            raise ValueError("a required tool call and a response format both constrain the "
+                             "output; send one")  # fmt: skip
+        return value
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the output is a tool call: tool_choice "required" or a named function."""
+        return self.tools is not None and (
+            self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        )
+
+    def constraint(self) -> Constraint | None:
+        if self.calls_tools:
+            assert self.tools is not None
+            return tool_call_constraint(self.tools, self.tool_choice, self.parallel_tool_calls)
+        return super().constraint()
+
+    @property
+    def constraint_field(self) -> str:
+        return "tools" if self.calls_tools else super().constraint_field
 
     @property
     def requested_max_tokens(self) -> int | None:

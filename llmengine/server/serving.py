@@ -38,6 +38,8 @@ from llmengine.server.streaming import (
     cancel_on_disconnect,
     sse_event,
 )
+from llmengine.server.tool_calls import message_of, stream_delta
+from llmengine.structured.constraint import Constraint
 
 RETRY_AFTER_S = 1  # what a 429 tells a client to wait: a queue moves every engine step
 
@@ -104,6 +106,7 @@ class Serving:
         self.max_model_len = engine.model.config.max_position_embeddings
         self.max_fit = min(self.max_model_len, engine.num_blocks * engine.block_size)
         self.vocab_size = engine.model.config.vocab_size
+        self.grammars = engine.grammars
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -149,6 +152,19 @@ class Serving:
                 param="n",
             )
 
+    async def constraint_of(self, body: SamplingFields) -> Constraint | None:
+        """The request's constraint, compiled (off the event loop: a large schema takes
+        milliseconds) so that the engine thread finds it cached; 400 naming the problem when
+        it does not compile."""
+        try:
+            constraint = body.constraint()
+            if constraint is not None:
+                await asyncio.to_thread(self.grammars.compiler.compile, constraint)
+        except ValueError as error:
+            field = body.constraint_field
+            raise bad_request(f"{field}: {error}", param=field) from None
+        return constraint
+
     def sampling(
         self,
         body: SamplingFields,
@@ -156,6 +172,7 @@ class Serving:
         max_tokens: list[int],
         k: int | None,
         prompt_k: int | None = None,
+        constraint: Constraint | None = None,
     ) -> tuple[list[list[int]], list[SamplingParams]]:
         """One engine prompt and one SamplingParams per choice, in choice order."""
         self.check_token_fields(body)
@@ -166,7 +183,7 @@ class Serving:
                 self.check_length(prompt, budget)
                 for sample in range(body.n):
                     engine_prompts.append(prompt)
-                    params.append(body.sampling_params(budget, sample, k, prompt_k))
+                    params.append(body.sampling_params(budget, sample, k, prompt_k, constraint))
         except ValueError as error:
             raise bad_request(str(error)) from None
         return engine_prompts, params
@@ -205,8 +222,9 @@ class Serving:
         prompts = await asyncio.to_thread(lambda: [self._encode(p) for p in texts])
         # max_tokens 0 (with echo) still runs the prefill, which samples one token: dropped.
         budget = max(body.budget, 1)
+        constraint = await self.constraint_of(body)
         engine_prompts, params = self.sampling(
-            body, prompts, [budget] * len(prompts), body.logprobs, body.prompt_scores
+            body, prompts, [budget] * len(prompts), body.logprobs, body.prompt_scores, constraint
         )
         echo = None
         if body.echo:
@@ -237,9 +255,12 @@ class Serving:
 
     async def chat_completions(self, body: ChatCompletionRequest, receive: Receive) -> Response:
         self.check_model(body.model)
-        messages = [(message.role, message.text) for message in body.messages]
+        messages = [message.template_fields() for message in body.messages]
+        tools = (
+            None if body.tools is None else [t.model_dump(exclude_none=True) for t in body.tools]
+        )
         try:
-            prompt = await asyncio.to_thread(self.chat.token_ids, messages)
+            prompt = await asyncio.to_thread(self.chat.token_ids, messages, tools)
         except ValueError as error:
             raise bad_request(f"the chat template refused the messages: {error}") from None
         max_tokens = body.requested_max_tokens or self.max_fit - len(prompt)
@@ -248,26 +269,42 @@ class Serving:
                 f"the conversation ({len(prompt)} tokens) leaves no room to generate",
                 param="messages",
             )
-        engine_prompts, params = self.sampling(body, [prompt], [max_tokens], body.num_logprobs)
+        constraint = await self.constraint_of(body)
+        engine_prompts, params = self.sampling(
+            body, [prompt], [max_tokens], body.num_logprobs, constraint=constraint
+        )
         run = await self.start(body, engine_prompts, params)
         kind = "chat.completion.chunk" if body.stream else "chat.completion"
         shaper = _Shaper("chatcmpl", kind, self.served_model_name)
+        # A stream holds a tool call's text (and logprobs) back until its choice ends.
+        held_text = [""] * run.num_choices
+        held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.num_choices)]
 
-        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
-            logprobs_field = None if logprobs is None else chat_logprobs(logprobs)
+        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict | None:
+            reason = delta.finish_reason
+            message = {"role": "assistant", "content": text}
+            if body.calls_tools:
+                if body.stream:
+                    held_text[delta.index] += text
+                    held_logprobs[delta.index].extend(logprobs or [])
+                    if reason is None:
+                        return None
+                    text, logprobs = held_text[delta.index], held_logprobs[delta.index]
+                message, reason = message_of(text, reason, body.tool_choice)
+            logprobs_field = None if not body.logprobs else chat_logprobs(logprobs or [])
             if body.stream:
-                content = {"content": text} if text else {}
+                content = stream_delta(message) if body.calls_tools else {"content": text}
                 return {
                     "index": delta.index,
-                    "delta": content,
+                    "delta": content if text else {},
                     "logprobs": logprobs_field,
-                    "finish_reason": delta.finish_reason,
+                    "finish_reason": reason,
                 }
             return {
                 "index": delta.index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": logprobs_field,
-                "finish_reason": delta.finish_reason,
+                "finish_reason": reason,
             }
 
         if body.stream:
@@ -302,7 +339,8 @@ class Serving:
         return shaped
 
 
-ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], dict]
+# A choice's shape in the response; None for a stream's delta held back (a tool call's).
+ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], "dict | None"]
 
 
 class _Shaper:
@@ -377,7 +415,8 @@ async def _stream(
     try:
         async for delta in run.deltas():
             shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
-            yield sse_event(shaper.wrap([shaped], **extra))
+            if shaped is not None:
+                yield sse_event(shaper.wrap([shaped], **extra))
     except (EngineStopped, RequestFailed) as error:
         yield sse_event(server_error(error).body())
         return

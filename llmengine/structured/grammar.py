@@ -22,6 +22,13 @@ from llmengine.structured.constraint import Constraint
 # The most distinct constraints kept compiled; the least recently used goes first.
 CACHE_SIZE = 256
 COMPACT_JSON = {"whitespace_flexible": False}
+KIND_NAMES = {
+    "json_schema": "JSON schema",
+    "json_object": "JSON object",
+    "regex": "regular expression",
+    "choice": "choice",
+    "grammar": "grammar",
+}
 
 
 def tokenizer_json(tokenizer: Any) -> str:
@@ -70,7 +77,7 @@ class GrammarCompiler:
                 return self._compiled[constraint]
         matcher = self._llguidance.LLMatcher(self.tokenizer, self._grammar(constraint), log_level=0)
         if matcher.is_error():
-            raise ValueError(f"the {constraint.kind.replace('_', ' ')} does not compile: "
+            raise ValueError(f"the {KIND_NAMES[constraint.kind]} does not compile: "
                              f"{_first_line(matcher.get_error())}")  # fmt: skip
         with self._lock:
             self._compiled[constraint] = matcher
@@ -102,7 +109,9 @@ class GrammarCompiler:
                 return llguidance.LLMatcher.grammar_from_regex(constraint.source)
             return llguidance.grammar_from(constraint.kind, constraint.source)
         except ValueError as error:
-            raise ValueError(f"the {constraint.kind} is refused: {_first_line(error)}") from None
+            raise ValueError(
+                f"the {KIND_NAMES[constraint.kind]} is refused: {_first_line(error)}"
+            ) from None
 
 
 def _first_line(error: object) -> str:

@@ -39,6 +39,18 @@ class RequestGrammars:
         self.num_masks = 0
 
     @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:
+        """A new tokenizer, before any request holds a matcher of the old one."""
+        if self._matchers:
+            raise ValueError("the tokenizer cannot change while constrained requests run")
+        self._tokenizer = tokenizer
+        self._compiler = None
+
+    @property
     def compiler(self) -> GrammarCompiler:
         """The compiler for this engine's tokenizer; ValueError when it has none."""
         if self._compiler is None:
