@@ -221,3 +221,59 @@ def test_a_schema_that_does_not_compile_is_a_400_naming_the_problem(server: Serv
         "/v1/chat/completions", {"messages": SPEECH, "tools": [tool], "tool_choice": "required"}
     )
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+
+
+SCHEMAS = [
+    PERSON,
+    WEATHER["function"]["parameters"],
+    {
+        "type": "object",
+        "properties": {
+            "lines": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2},
+            "act": {"type": "integer", "minimum": 1, "maximum": 5},
+        },
+        "required": ["lines", "act"],
+        "additionalProperties": False,
+    },
+    {"type": "object", "properties": {"verdict": {"type": "boolean"}}, "required": ["verdict"],
+     "additionalProperties": False},
+]  # fmt: skip
+
+
+def test_two_hundred_mixed_requests_in_a_cramped_pool_all_fit_their_schemas(
+    model, tokenizer
+) -> None:
+    """200 requests, four schemas, streamed and not, greedy and seeded, 16 at a time into a
+    pool that holds about two of them at full length: every answer validates, and the pool
+    did preempt on the way."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = llmengine.Engine(model, num_blocks=24, block_size=8, num_slots=8)
+
+    def ask(index: int) -> tuple[dict, str, str | None]:
+        schema = SCHEMAS[index % len(SCHEMAS)]
+        body = {
+            "model": MODEL_NAME, "messages": [{"role": "user", "content": f"Speak, {index}."}],
+            "max_tokens": 96, "temperature": 0.8 if index % 3 else 0, "seed": index,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": f"s{index % 4}", "schema": schema}},
+        }  # fmt: skip
+        if index % 2:
+            url = f"{server.url}/v1/chat/completions"
+            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as sse:
+                assert sse.status_code == 200
+                choices = [p["choices"][0] for p in sse_payloads(sse.iter_lines())]
+            text = "".join(c["delta"].get("content", "") for c in choices)
+            return schema, text, choices[-1]["finish_reason"]
+        response = server.post("/v1/chat/completions", body)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        return schema, choice["message"]["content"], choice["finish_reason"]
+
+    with served(engine, tokenizer) as server, ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(200)))
+        preemptions = server.metrics()["llmengine_preemptions_total"]
+    for schema, text, finish_reason in answers:
+        assert finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+    assert preemptions > 0
