@@ -268,3 +268,32 @@ def test_a_held_out_random_model_is_held_to_the_grammar(tmp_path: Path, tokenize
         params = SamplingParams(max_tokens=BUDGET, constraint=constraint, temperature=0.7, seed=1)
         tokens = run(engine, [prompt], [params])[0]
         check_matches(constraint, text_of(tokenizer, tokens))
+
+
+def test_generate_takes_each_kind_of_constraint_from_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmengine.cli import main
+
+    schema_file = tmp_path / "play.json"
+    schema_file.write_text(json.dumps(PLAY))
+    grammar_file = tmp_path / "greeting.lark"
+    grammar_file.write_text(LARK)
+    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", str(BUDGET), "--kernels", "eager"]
+    for flags, constraint in (
+        (["--json-schema", f"@{schema_file}"], Constraint.json_schema(PLAY)),
+        (["--json-schema", json.dumps(PERSON)], Constraint.json_schema(PERSON)),
+        (["--regex", PATTERN], Constraint.regex(PATTERN)),
+        (
+            ["--choice", "yes", "--choice", "no", "--choice", "perchance"],
+            Constraint.choice(CHOICES),
+        ),
+        (["--grammar", f"@{grammar_file}"], Constraint.grammar(LARK)),
+    ):
+        assert main([*argv, *flags]) == 0
+        check_matches(constraint, capsys.readouterr().out.removesuffix("\n"))
+    assert main([*argv, "--json-object"]) == 0
+    assert capsys.readouterr().out.startswith('{"')
+    assert main([*argv, "--regex", "[a-"]) == 2
+    err = capsys.readouterr().err
+    assert "regular expression does not compile" in err and len(err.splitlines()) == 1

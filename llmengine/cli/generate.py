@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from llmengine.cli.options import (
@@ -20,6 +21,7 @@ from llmengine.cli.options import (
     run_worker_node,
 )
 from llmengine.sampling import SamplingParams
+from llmengine.structured.constraint import Constraint
 
 # The engine options `generate` offers: one request alone needs no pool or policy knobs.
 ENGINE_OPTIONS = ("block_size", "compile", "decode_graph")
@@ -38,6 +40,7 @@ def run_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         ignore_eos=args.ignore_eos,
+        constraint=constraint_of(args),
     )
     import llmengine
 
@@ -53,7 +56,28 @@ def run_generate(args: argparse.Namespace) -> int:
     if is_worker_node(args):  # another machine's share of the ranks: no engine here
         return run_worker_node(args, num_slots=1, **options)
     with contextlib.closing(build_engine(args, model, num_slots=1, **options)) as engine:
+        engine.tokenizer = tokenizer
         return stream_completion(engine, tokenizer, prompt_ids, params)
+
+
+def constraint_of(args: argparse.Namespace) -> Constraint | None:
+    """The output constraint the flags ask for, if any (at most one: argparse sees to it)."""
+    if args.json_schema is not None:
+        return Constraint.json_schema(text_or_file(args.json_schema))
+    if args.json_object:
+        return Constraint.json_object()
+    if args.regex is not None:
+        return Constraint.regex(args.regex)
+    if args.choice is not None:
+        return Constraint.choice(args.choice)
+    if args.grammar is not None:
+        return Constraint.grammar(text_or_file(args.grammar))
+    return None
+
+
+def text_or_file(value: str) -> str:
+    """A flag's text, or with a leading @ the text of the file it names (curl's convention)."""
+    return Path(value[1:]).read_text() if value.startswith("@") else value
 
 
 def stream_completion(
@@ -121,5 +145,20 @@ def add_generate(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens"
+    )
+    constrained = parser.add_argument_group("output constraint (at most one)")
+    constraint = constrained.add_mutually_exclusive_group()
+    constraint.add_argument(
+        "--json-schema", metavar="SCHEMA", help="JSON the schema validates (the schema, or @FILE)"
+    )
+    constraint.add_argument("--json-object", action="store_true", help="any JSON object")
+    constraint.add_argument(
+        "--regex", metavar="PATTERN", help="text the whole regular expression matches"
+    )
+    constraint.add_argument(
+        "--choice", action="append", metavar="TEXT", help="one of these texts (repeat the flag)"
+    )
+    constraint.add_argument(
+        "--grammar", metavar="GRAMMAR", help="text of a Lark or GBNF grammar (the text, or @FILE)"
     )
     parser.set_defaults(handler=run_generate)

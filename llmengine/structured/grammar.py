@@ -12,6 +12,7 @@ JSON would otherwise spend its budget on newlines and spaces the grammar allows.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -78,7 +79,7 @@ class GrammarCompiler:
         matcher = self._llguidance.LLMatcher(self.tokenizer, self._grammar(constraint), log_level=0)
         if matcher.is_error():
             raise ValueError(f"the {KIND_NAMES[constraint.kind]} does not compile: "
-                             f"{_first_line(matcher.get_error())}")  # fmt: skip
+                             f"{_reason(matcher.get_error())}")  # fmt: skip
         with self._lock:
             self._compiled[constraint] = matcher
             if len(self._compiled) > CACHE_SIZE:
@@ -110,11 +111,14 @@ class GrammarCompiler:
             return llguidance.grammar_from(constraint.kind, constraint.source)
         except ValueError as error:
             raise ValueError(
-                f"the {KIND_NAMES[constraint.kind]} is refused: {_first_line(error)}"
+                f"the {KIND_NAMES[constraint.kind]} is refused: {_reason(error)}"
             ) from None
 
 
-def _first_line(error: object) -> str:
-    """An llguidance message without the grammar dump that follows it."""
-    text = str(error).strip()
-    return text.split("\n<state>")[0].strip()
+def _reason(error: object) -> str:
+    """An llguidance message on one line, without the parser state it dumps after it or the
+    lines that only point at a column."""
+    text = str(error).split("<state>")[0]
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line for line in lines if line and not re.fullmatch(r"\^+|\d+ \|.*", line)]
+    return " ".join(kept)
