@@ -12,12 +12,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from llmengine.params import SamplingParams
 from llmengine.structured.grammar import GrammarCompiler
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 class RequestGrammars:
@@ -91,7 +90,9 @@ class RequestGrammars:
             self._matchers[request_ids[row]].unsafe_compute_mask_ptr(
                 view.data_ptr(), view.numel() * view.element_size()
             )
-        allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(1)[:, : self._vocab_size]
+        # Token 32w + i is bit i of word w: little-endian bytes, each read low bit first.
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        allowed = torch.from_numpy(bits[:, : self._vocab_size]).bool()
         self.mask_seconds += time.perf_counter() - start
         self.num_masks += len(rows)
         return allowed

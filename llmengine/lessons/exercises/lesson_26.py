@@ -1,0 +1,121 @@
+"""Lesson 26's exercises: the mask a constraint puts on the embedded model's vocabulary.
+
+The checkers ask the engine's own grammar code (`RequestGrammars`, the matchers the sampler
+uses) and run the embedded model greedily where an answer is a constraint; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+
+import llmengine
+from llmengine.engine import Engine
+from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
+from llmengine.lessons.grammar_mask import (
+    PERSON_SCHEMA,
+    PROMPT,
+    first_mask,
+    follow,
+    grammars_like,
+    masks_along,
+)
+from llmengine.params import SamplingParams
+from llmengine.structured.constraint import Constraint
+
+OPTIONS = ("yes", "no", "perchance")
+DATE = re.compile(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])")
+NOT_DATES = ("00/05", "32/01", "40/10", "12/13", "12/00", "1/12", "12/1", "12-12", "12/12/12",
+             "ab/cd", "")  # fmt: skip
+
+
+@functools.cache
+def _engine() -> Engine:
+    return Engine(embedded_model("eager"), num_blocks=64, tokenizer=llmengine.load_tokenizer())
+
+
+def first_step_allowed(options: Sequence[str] = OPTIONS) -> int:
+    """The tokens the mask of `Constraint.choice(options)` allows before anything is written."""
+    engine = _engine()
+    return int(first_mask(grammars_like(engine), Constraint.choice(list(options))).sum())
+
+
+def check_first_step_allowed(answer: int | None, options: Sequence[str] = OPTIONS) -> Verdict:
+    """Exercise 1: how many tokens the first mask of a choice allows."""
+    what = f"the tokens allowed at the first step of choice({list(options)})"
+    if answer is None:
+        return check_value(None, None, what=what)
+    return check_value(
+        answer,
+        first_step_allowed(options),
+        what=what,
+        explain="Every token whose text begins one of the options, whole options included; "
+        "the end token only once an option is complete.",
+    )
+
+
+def greedy_under(pattern: str, max_tokens: int = 16) -> str:
+    """The embedded model's greedy answer to the lesson's prompt under `Constraint.regex`,
+    without the end token."""
+    engine = _engine()
+    params = SamplingParams(max_tokens=max_tokens, constraint=Constraint.regex(pattern))
+    tokens = engine.generate([engine.tokenizer.encode(PROMPT)], params)[0]
+    return engine.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def judge_date_regex(pattern: str) -> tuple[bool, str]:
+    """Right when the model's greedy answer under `pattern` is a date DD/MM, and the pattern
+    itself (read by Python's `re`, whose syntax agrees with llguidance's here) matches every
+    day 01-31 of every month 01-12 and none of a list of near misses."""
+    try:
+        compiled = re.compile(pattern)
+        answer = greedy_under(pattern)
+    except (re.error, ValueError) as error:
+        return False, f"The pattern does not compile: {str(error).splitlines()[0]}"
+    if not DATE.fullmatch(answer):
+        return False, f"Under it the model writes {answer!r}, which is not a date DD/MM."
+    dates = [f"{day:02d}/{month:02d}" for day in range(1, 32) for month in range(1, 13)]
+    missed = [date for date in dates if not compiled.fullmatch(date)]
+    if missed:
+        return False, f"The model writes {answer!r}, but the pattern refuses {missed[0]!r}."
+    let_through = [text for text in NOT_DATES if compiled.fullmatch(text)]
+    if let_through:
+        return (
+            False,
+            f"The model writes {answer!r}, but the pattern also allows {let_through[0]!r}.",
+        )
+    return True, f"The model writes {answer!r}, and the pattern allows exactly the dates DD/MM."
+
+
+def check_date_regex(answer: str | None) -> Verdict:
+    """Exercise 2: a regular expression that makes the model answer with a date DD/MM."""
+    return check_with(answer, judge_date_regex, what="a regex for a date DD/MM")
+
+
+def forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
+    """Steps of the model's greedy output under `schema` (the lesson's by default) at which the
+    mask allows exactly one token, the end token included."""
+    engine = _engine()
+    constraint = Constraint.json_schema(schema or PERSON_SCHEMA)
+    followed = follow(
+        engine,
+        engine.tokenizer.encode(PROMPT),
+        SamplingParams(max_tokens=max_tokens, constraint=constraint),
+    )
+    masks = masks_along(grammars_like(engine), constraint, followed.tokens)
+    return int((masks.sum(dim=1) == 1).sum())
+
+
+def check_forced_steps(answer: int | None) -> Verdict:
+    """Exercise 3: at how many steps of the lesson's schema output the model has no choice."""
+    what = "the steps of the schema's output with exactly one allowed token"
+    if answer is None:
+        return check_value(None, None, what=what)
+    return check_value(
+        answer,
+        forced_steps(),
+        what=what,
+        explain="The keys, the punctuation between them and the end token are the grammar's; "
+        "only the values leave the model a choice.",
+    )
