@@ -24,12 +24,19 @@ from llmengine.outcome import IterationOutcome, TokenLogprobs, build_outcome
 from llmengine.params import check_prompt
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.sampling import SamplingParams, make_generator, sample_rows
-from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
+from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput, packed_starts
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
+from llmengine.speculative.ngram import propose_ngram
+from llmengine.speculative.verify import can_speculate, draft_logits_at, verify_rows
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.speed.decode_graph import DecodeGraphs, buckets_for
 from llmengine.structured.matchers import RequestGrammars
+
+# What a forward gives the sampler: each row's logits at its last new position, the prompt
+# logprobs the prefill rows owe, and the logits that check the rows' drafts.
+StepLogits = tuple[torch.Tensor, dict[int, list[TokenLogprobs]], torch.Tensor]
+NO_LOGITS = torch.empty(0)
 
 
 class Engine:
@@ -252,9 +259,13 @@ class Engine:
         """
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
+        self._propose()
         decision = self.scheduler.schedule()
-        logits, prompt_logprobs = self._carry_out(decision)
+        logits, prompt_logprobs, draft_logits = self._carry_out(decision)
         sampled = sample_rows(decision.rows, logits, self._generators, self.grammars)
+        verify_rows(
+            decision.rows, logits, draft_logits, self._generators, self.eos_token_ids, sampled
+        )
         finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
         self._forget(request.request_id for request in finished)
         for request_id in sampled.failed:
@@ -266,30 +277,46 @@ class Engine:
         self.iteration += 1
         return outcome
 
-    def _carry_out(
-        self, decision: SchedulerOutput
-    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
+    def _propose(self) -> None:
+        """Drafts for every decoding request that may speculate, by prompt lookup; the
+        scheduler cuts them to what the request's budget and the step's leave."""
+        if self.config.speculative is None:
+            return
+        for request in self.scheduler.running:
+            if not request.prefilling and can_speculate(request.params):
+                request.draft_token_ids = propose_ngram(
+                    request.token_ids, self.config.num_speculative_tokens
+                )
+
+    def _carry_out(self, decision: SchedulerOutput) -> StepLogits:
         """The decision on the cache and the model: its swaps (out, then in), then the forward."""
         self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
         return self._forward(decision.rows)
 
-    def _forward(
-        self, scheduled: list[ScheduledRow]
-    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
-        """The rows' sampling logits, through the decode graph when a bucket holds them, and
-        the prompt logprobs the prefill rows owe (which need logits at every position)."""
+    def _forward(self, scheduled: list[ScheduledRow]) -> StepLogits:
+        """The rows' sampling logits, through the decode graph when a bucket holds them; the
+        prompt logprobs the prefill rows owe (which need logits at every position); and the
+        logits that check the rows' drafts (`llmengine.speculative.verify`)."""
         rows = [paged_row(row) for row in scheduled]
         bucket = self._decode_bucket(scheduled)
         if bucket is not None:
             assert self.decode_graphs is not None
             self.graph_steps += 1
-            return self.decode_graphs(rows, bucket), {}
+            return self.decode_graphs(rows, bucket), {}, NO_LOGITS
         plan = self.prompt_logprobs.plan(scheduled)
+        drafts_at = draft_logits_at(scheduled)
+        if plan is None and not drafts_at:
+            return paged_forward(self.model, self.cache, rows, self.compiled_layers), {}, NO_LOGITS
+        last_positions = [end - 1 for end in packed_starts(scheduled)[1:]]
+        logits_at = plan.logits_at if plan is not None else last_positions
+        logits = paged_forward(
+            self.model, self.cache, rows, self.compiled_layers, logits_at + drafts_at
+        )
+        own, draft_logits = logits[: len(logits_at)], logits[len(logits_at) :]
         if plan is None:
-            return paged_forward(self.model, self.cache, rows, self.compiled_layers), {}
-        logits = paged_forward(self.model, self.cache, rows, self.compiled_layers, plan.logits_at)
-        sampling, owed = plan.split(logits)
-        return sampling, self.prompt_logprobs.score(plan, owed)
+            return own, {}, draft_logits
+        sampling, owed = plan.split(own)
+        return sampling, self.prompt_logprobs.score(plan, owed), draft_logits
 
     def _decode_bucket(self, rows: list[ScheduledRow]) -> int | None:
         """The decode graph's bucket for these rows, or None when the step runs eager: no

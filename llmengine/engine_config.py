@@ -16,6 +16,7 @@ from typing import Any
 # The first of each is the default.
 POLICIES = ("incremental", "reserve")
 PREEMPTION_MODES = ("recompute", "swap")
+PROPOSERS = ("ngram",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,9 @@ class EngineConfig:
     - `compile`: the position-wise halves of every layer through `torch.compile`.
     - `decode_graph`: the decode forward compiled once per batch bucket; True for buckets 1,
       2, 4, ... up to `num_slots`, or the buckets themselves.
+    - `speculative`: "ngram" guesses up to `num_speculative_tokens` tokens per decoding
+      request by prompt lookup, and one forward keeps those the model agrees with (None: one
+      token per step).
     """
 
     num_blocks: int = _knob(
@@ -102,11 +106,26 @@ class EngineConfig:
                "start-up (inductor, frozen weights); decode-only steps run the graph, the rest "
                "eager"),
     )  # fmt: skip
+    speculative: str | None = _knob(
+        None,
+        Option(("--speculative",), "guess tokens with this proposer and check them in one "
+               "forward: ngram (prompt lookup)", choices=PROPOSERS),
+    )  # fmt: skip
+    num_speculative_tokens: int = _knob(
+        3,
+        Option(("--num-speculative-tokens",), "most tokens guessed per request and step "
+               "(with --speculative)", "K", minimum=1),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "num_slots"):
             _check_whole(name, getattr(self, name), minimum=1)
         _check_whole("watermark", self.watermark, minimum=0)
+        _check_whole("num_speculative_tokens", self.num_speculative_tokens, minimum=1)
+        if self.speculative is not None and self.speculative not in PROPOSERS:
+            raise ValueError(
+                f"speculative must be None or one of {PROPOSERS}, got {self.speculative!r}"
+            )
         _check_whole("swap_blocks", self.swap_blocks, minimum=0)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")

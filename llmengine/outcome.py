@@ -77,10 +77,15 @@ class IterationOutcome:
     leading tokens the cache served (what `cached_tokens` sums).
     `failed` names the requests this step could not serve, with why (logits that were not
     finite): each got no token and is aborted, while the other rows went on as usual.
+
+    Speculative decoding: a row with drafts may add several tokens in one step, and its entry
+    in `tokens` is then a list (`new_tokens` reads either form); `drafts` gives, for each such
+    row, the tokens proposed and how many of them the model kept.
     """
 
     iteration: int
-    tokens: dict[int, int] = field(default_factory=dict)
+    tokens: dict[int, int | list[int]] = field(default_factory=dict)
+    drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
@@ -110,15 +115,33 @@ class IterationOutcome:
     num_swap_blocks: int = 0
     held_swap_blocks: int = 0
 
+    def new_tokens(self, request_id: int) -> list[int]:
+        """The tokens this step added to a request, in order (none if it added none)."""
+        added = self.tokens.get(request_id)
+        return [] if added is None else [added] if isinstance(added, int) else list(added)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafted tokens this step's forward checked."""
+        return sum(proposed for proposed, _ in self.drafts.values())
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Drafted tokens the model kept."""
+        return sum(accepted for _, accepted in self.drafts.values())
+
 
 @dataclass(slots=True)
 class Sampled:
     """What the sampler made of one step's logits: a token per sampling row whose logits were
-    finite, the logprobs of those that asked, and the requests that failed, with why."""
+    finite (a list for a row with drafts: those kept, then the model's own), the logprobs of
+    those that asked, the requests that failed, with why, and each drafting row's proposed
+    and kept counts."""
 
-    tokens: dict[int, int] = field(default_factory=dict)
+    tokens: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def build_outcome(
@@ -142,6 +165,7 @@ def build_outcome(
     return IterationOutcome(
         iteration=iteration,
         tokens=sampled.tokens,
+        drafts=sampled.drafts,
         logprobs=sampled.logprobs,
         prompt_logprobs=prompt_logprobs,
         failed=sampled.failed,

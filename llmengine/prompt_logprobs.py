@@ -11,13 +11,12 @@ preemption is not reported twice. The first prompt token has no logprob: nothing
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 
 from llmengine.outcome import TokenLogprobs
 from llmengine.sampling import token_logprobs
-from llmengine.scheduling.decision import ScheduledRow
+from llmengine.scheduling.decision import ScheduledRow, packed_starts
 from llmengine.scheduling.request import Request
 
 
@@ -52,7 +51,7 @@ class PromptLogprobs:
         """The step's logits positions, or None when no row owes a prompt logprob."""
         if not any(row.request.request_id in self._next_token for row in rows):
             return None
-        first = list(accumulate((len(row.token_ids) for row in rows), initial=0))
+        first = packed_starts(rows)
         logits_at = [end - 1 for end in first[1:]]
         owed: list[tuple[Request, int]] = []
         for row, packed_start in zip(rows, first[:-1], strict=True):

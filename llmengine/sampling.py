@@ -186,12 +186,13 @@ def sample_rows(
 
     A prefill chunk that stops short of its request's last token is skipped: its logits
     predict a token the request already has, and drawing for it would move the generator.
+    So is a row with drafts, which `llmengine.speculative.verify` checks.
     A constrained request's row (`grammars`) has every token its grammar refuses set to -inf
     before penalties, temperature, top-k and top-p, and its matcher moves past the token
     drawn; its log-probabilities stay those of the raw logits.
     """
     sampled = Sampled()
-    sampling = [index for index, row in enumerate(rows) if row.samples]
+    sampling = [index for index, row in enumerate(rows) if row.samples and not row.draft_token_ids]
     if not sampling:
         return sampled
     finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()

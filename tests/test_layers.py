@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
 OUTER_LAYERS = ("bench", "lessons", "server")
 FRONT_DOOR = {"__init__", "__main__", "cli"}
-CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel", "structured")
+CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel", "structured", "speculative")
 HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
 
 

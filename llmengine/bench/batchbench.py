@@ -94,8 +94,8 @@ def run_workload(
         run.times.append(clock.now())
     generated: dict[int, list[int]] = {request_id: [] for request_id in request_ids}
     for outcome in run.outcomes:
-        for request_id, token in outcome.tokens.items():
-            generated[request_id].append(token)
+        for request_id in outcome.tokens:
+            generated[request_id].extend(outcome.new_tokens(request_id))
     run.outputs = [generated[request_id] for request_id in request_ids]
     return run
 

@@ -153,7 +153,8 @@ class ContinuousTiming:
             for request_id in outcome.tokens:
                 first_token_s.setdefault(request_id, now)
                 last_token_s[request_id] = now
-                num_tokens[request_id] = num_tokens.get(request_id, 0) + 1
+                added = len(outcome.new_tokens(request_id))
+                num_tokens[request_id] = num_tokens.get(request_id, 0) + added
             for request_id in outcome.finished:
                 arrival = self.arrivals.setdefault(request_id, Arrival())
                 self.latencies_iterations[request_id] = iteration - arrival.iteration

@@ -24,7 +24,7 @@ from llmengine.sampling import SamplingParams
 from llmengine.structured.constraint import Constraint
 
 # The engine options `generate` offers: one request alone needs no pool or policy knobs.
-ENGINE_OPTIONS = ("block_size", "compile", "decode_graph")
+ENGINE_OPTIONS = ("block_size", "compile", "decode_graph", "speculative", "num_speculative_tokens")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -92,9 +92,9 @@ def stream_completion(
     num_tokens = 0
     while engine.has_unfinished():
         outcome = engine.step()
-        if request_id in outcome.tokens:
+        for token in outcome.new_tokens(request_id):
             num_tokens += 1
-            print_now(decoder.add(outcome.tokens[request_id]))
+            print_now(decoder.add(token))
     elapsed = time.perf_counter() - start
     print_now(decoder.finish() + "\n")
     print(

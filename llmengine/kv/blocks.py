@@ -134,6 +134,13 @@ class BlockTable:
         ids, self.block_ids = self.block_ids, []
         return ids
 
+    def trim(self) -> list[int]:
+        """Hand back the blocks past the last position written (bought for positions a
+        forward computed and then discarded: rejected drafts); returns them, for the pool."""
+        keep = -(-self.num_tokens // self.block_size)
+        ids, self.block_ids = self.block_ids[keep:], self.block_ids[:keep]
+        return ids
+
     def release(self) -> list[int]:
         """Empty the table and return the blocks it held, for the pool."""
         ids, self.block_ids, self.num_tokens = self.block_ids, [], 0

@@ -25,13 +25,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from llmengine.engine import Engine, paged_cache_for, paged_row
+from llmengine.engine import Engine, StepLogits, paged_cache_for, paged_row
 from llmengine.engine_config import EngineConfig
 from llmengine.kv.paged_cache import PagedRow, paged_forward
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
 from llmengine.model.loader import load_model, model_folder
-from llmengine.outcome import TokenLogprobs
 from llmengine.parallel.cluster import Cluster
 from llmengine.parallel.sharding import Shard, check_divisible
 from llmengine.scheduling.decision import SchedulerOutput
@@ -75,9 +74,7 @@ class TensorParallelEngine(Engine):
     workers: list[mp.Process]
     failed = False  # a collective failed: the group is broken, the workers are not waited for
 
-    def _carry_out(
-        self, decision: SchedulerOutput
-    ) -> tuple[torch.Tensor, dict[int, list[TokenLogprobs]]]:
+    def _carry_out(self, decision: SchedulerOutput) -> StepLogits:
         plan = StepPlan(
             [paged_row(row) for row in decision.rows],
             decision.blocks_to_swap_out,

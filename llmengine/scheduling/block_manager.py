@@ -63,6 +63,11 @@ class BlockManager:
         """Empty `request`'s table (positions and blocks) and give its blocks back."""
         self._give_back(request, request.block_table.release())
 
+    def trim(self, request: Request) -> None:
+        """Give back `request`'s blocks past its last written position. They were never full
+        of its own tokens, so never offered to a cache: the pool takes them as fresh."""
+        self.pool.free(request.block_table.trim())
+
     def detach(self, request: Request) -> list[int]:
         """Give `request`'s blocks back but keep its count of positions written: their K/V
         is being copied elsewhere (a swap out). Returns the blocks, for the copy."""

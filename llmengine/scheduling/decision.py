@@ -8,6 +8,7 @@ here touches a tensor, which is what lets every scheduling rule be tested withou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from llmengine.scheduling.request import Request
 
@@ -30,6 +31,9 @@ class ScheduledRow:
 
     `cached` counts the positions before `start_position` that the prefix cache served: a
     (re)admitted request's first chunk starts where its cached blocks end.
+
+    `draft_token_ids` are a decode row's guessed tokens, computed after its last token in the
+    same forward (speculative decoding); none otherwise.
     """
 
     request: Request
@@ -39,6 +43,7 @@ class ScheduledRow:
     recomputed: int
     samples: bool = True
     cached: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def end_position(self) -> int:
@@ -47,13 +52,18 @@ class ScheduledRow:
 
     @property
     def token_ids(self) -> list[int]:
-        """The tokens whose positions this forward computes."""
-        return self.request.token_ids[self.start_position : self.end_position]
+        """The tokens whose positions this forward computes (drafts last)."""
+        end = self.end_position - len(self.draft_token_ids)
+        return self.request.token_ids[self.start_position : end] + self.draft_token_ids
 
     @classmethod
     def decode(cls, request: Request) -> ScheduledRow:
-        """One position: the request's last token, whose K/V the forward computes."""
-        return cls(request, request.num_tokens - 1, 1, is_prefill=False, recomputed=0)
+        """The request's last token, whose K/V the forward computes, then its drafts."""
+        drafts = list(request.draft_token_ids)
+        return cls(
+            request, request.num_tokens - 1, 1 + len(drafts), is_prefill=False, recomputed=0,
+            draft_token_ids=drafts,
+        )  # fmt: skip
 
     @classmethod
     def prefill_chunk(cls, request: Request, max_positions: int | None = None) -> ScheduledRow:
@@ -111,3 +121,8 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)
     held_blocks: int = 0
     held_swap_blocks: int = 0
+
+
+def packed_starts(rows: list[ScheduledRow]) -> list[int]:
+    """Where each row's tokens start in the forward's packed tokens, and one past the end."""
+    return list(accumulate((len(row.token_ids) for row in rows), initial=0))

@@ -14,16 +14,18 @@ from llmengine.scheduling.request import Request
 
 @dataclass(frozen=True, slots=True)
 class Incremental:
-    """Buy only what the tokens so far need: a block when a sequence crosses a boundary.
+    """Buy only what the tokens so far need: a block when a sequence crosses a boundary (or
+    when its drafted tokens do: their positions are computed too).
 
     The pool can run dry as sequences grow, so growth must be able to preempt.
     """
 
     name: str = "incremental"
     preempts: bool = True
+    books_ahead: bool = False  # blocks past the K/V written are given back
 
     def target_tokens(self, request: Request) -> int:
-        return request.num_tokens
+        return request.num_tokens + len(request.draft_token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,7 @@ class Reserve:
 
     name: str = "reserve"
     preempts: bool = False
+    books_ahead: bool = True  # the worst case stays booked to the end
 
     def target_tokens(self, request: Request) -> int:
         return request.worst_case_tokens

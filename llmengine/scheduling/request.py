@@ -68,6 +68,10 @@ class Request:
     Under prefix caching, `block_keys` are the keys of its leading full blocks (they depend on
     its tokens only, so they outlive a preemption), and `num_registered_blocks` how many of
     the blocks its table holds now have been offered to the cache.
+
+    `draft_token_ids` are tokens a speculative proposer guessed to follow, set before each
+    step: the next decode row computes them with the last token, and `update` keeps those the
+    model agrees with.
     """
 
     request_id: int
@@ -86,6 +90,7 @@ class Request:
     block_keys: list[BlockKey] = field(default_factory=list)
     num_registered_blocks: int = 0
     finish_reason: str | None = None
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

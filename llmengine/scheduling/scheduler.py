@@ -14,14 +14,18 @@ through `update`, which releases every request that got its last token. `schedul
 
 Under a `max_num_batched_tokens` budget decode rows come first and always fit (the budget is
 at least `num_slots`); prefill chunks share what is left, and one that stops short of its
-request's last token samples nothing. Each part it leans on holds one idea: `EngineConfig`,
-`policy`, `BlockManager` (with or without prefix caching) and `SwapSpace`.
+request's last token samples nothing. A running request's drafted tokens (speculative
+decoding) ride on its decode row and need blocks like any position; they are cut to what its
+`max_tokens` and the budget leave (never below one decode position per slot). Each part it
+leans on holds one idea: `EngineConfig`, `policy`, `BlockManager` (with or without prefix
+caching) and `SwapSpace`.
 """
 
 from __future__ import annotations
 
 from bisect import insort
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from llmengine.engine_config import EngineConfig
@@ -125,8 +129,11 @@ class Scheduler:
 
     def _grow(self, out: SchedulerOutput) -> None:
         granted = 0  # running[:granted] have their blocks for this step
+        # Positions for drafts: under a budget, what is left once every slot has one position.
+        spare = self._budget_for_drafts()
         while granted < len(self.running):
             request = self.running[granted]
+            spare = self._trim_drafts(request, spare)
             needed = self.blocks_needed_for(request)
             # Only requests not yet granted are candidates: preempting one that has its row
             # would take back a block promised to this forward. The oldest is never a
@@ -142,6 +149,20 @@ class Scheduler:
             if not request.prefilling:  # a prefill's next chunk waits for the decodes
                 self._add_row(ScheduledRow.decode(request), out)
             granted += 1
+
+    def _budget_for_drafts(self) -> int | None:
+        budget = self.config.max_num_batched_tokens
+        return None if budget is None else budget - self.num_slots
+
+    def _trim_drafts(self, request: Request, spare: int | None) -> int | None:
+        """Cut `request`'s drafts to what its max_tokens leaves (it keeps at most one token
+        past them) and to `spare` budget positions; returns the spare left."""
+        drafts = request.draft_token_ids
+        if request.prefilling:
+            drafts.clear()
+        room = request.params.max_tokens - request.num_output_tokens - 1
+        del drafts[max(0, room if spare is None else min(room, spare)) :]
+        return None if spare is None else spare - len(drafts)
 
     def _swap_in(self, out: SchedulerOutput) -> None:
         """Bring swapped requests back, first out first in, each as the decode row it left
@@ -194,7 +215,9 @@ class Scheduler:
 
     def _add_row(self, row: ScheduledRow, out: SchedulerOutput) -> None:
         out.rows.append(row)
-        self.blocks.offer_full_blocks(row.request, row.end_position)
+        # A draft's K/V is not the request's until the model keeps it: only offer blocks
+        # the request's own tokens fill.
+        self.blocks.offer_full_blocks(row.request, row.end_position - len(row.draft_token_ids))
 
     def _budget_left(self, out: SchedulerOutput) -> int | None:
         """Positions the rows decided so far leave of the step's budget; None: no budget."""
@@ -241,6 +264,7 @@ class Scheduler:
         if not self.policy.preempts:
             raise AssertionError("the reserve policy never runs short, so never preempts")
         out.preempted.append(victim)
+        victim.draft_token_ids.clear()
         num_blocks = len(victim.block_table.block_ids)
         if not victim.prefilling and self.swap.can_hold(num_blocks):
             out.blocks_to_swap_out.extend(self._swap_out(victim))
@@ -279,26 +303,39 @@ class Scheduler:
     # -- after the forward -------------------------------------------------------------
 
     def update(
-        self, out: SchedulerOutput, tokens: dict[int, int], eos_token_ids: tuple[int, ...] = ()
+        self,
+        out: SchedulerOutput,
+        tokens: Mapping[int, int | list[int]],
+        eos_token_ids: tuple[int, ...] = (),
     ) -> list[Request]:
-        """Record each row's sampled token; release and return the requests it finished.
+        """Record each row's sampled tokens; release and return the requests it finished.
 
-        A row that `samples` gets its token from `tokens`; a chunk that does not, or a row
-        without a token (its sampling failed: the engine aborts it next), only advances its
-        request's table. Finished requests give their blocks back in row order.
+        A row that `samples` gets its token from `tokens` (a list when speculation kept
+        drafts: the kept drafts, then the model's own token), appended one by one until one
+        finishes the request; a chunk that does not, or a row without a token (its sampling
+        failed: the engine aborts it next), only advances its request's table. A draft's
+        position counts as written only if the draft was kept: the next forward overwrites
+        the others before anything reads them, and a block that only rejected drafts reached
+        goes back to the pool. Finished requests give their blocks back in row order.
         """
         finished = []
         for row in out.rows:
             request = row.request
-            request.block_table.append(row.num_positions)
-            if not row.samples or request.request_id not in tokens:
-                continue
-            reason = request.append_token(tokens[request.request_id], eos_token_ids)
-            if reason is not None:
-                request.finish_reason = reason
-                request.move_to(RequestState.FINISHED)
-                self._release(request)
-                finished.append(request)
+            new = tokens.get(request.request_id) if row.samples else None
+            kept = [] if new is None else [new] if isinstance(new, int) else list(new)
+            kept_drafts = max(len(kept) - 1, 0)
+            request.block_table.append(row.num_positions - len(row.draft_token_ids) + kept_drafts)
+            if row.draft_token_ids and not self.policy.books_ahead:
+                self.blocks.trim(request)
+            request.draft_token_ids.clear()
+            for token in kept:
+                reason = request.append_token(token, eos_token_ids)
+                if reason is not None:
+                    request.finish_reason = reason
+                    request.move_to(RequestState.FINISHED)
+                    self._release(request)
+                    finished.append(request)
+                    break
         return finished
 
     # -- integrity ---------------------------------------------------------------------

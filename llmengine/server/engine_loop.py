@@ -288,7 +288,11 @@ class EngineLoop:
     def _deliver(self, outcome: IterationOutcome) -> None:
         now = time.perf_counter()
         self.metrics.preemptions.inc(len(outcome.evicted))
-        self.metrics.generation_tokens.inc(len(outcome.tokens))
+        self.metrics.generation_tokens.inc(
+            sum(len(outcome.new_tokens(request_id)) for request_id in outcome.tokens)
+        )
+        self.metrics.spec_decode_draft_tokens.inc(outcome.num_draft_tokens)
+        self.metrics.spec_decode_accepted_tokens.inc(outcome.num_accepted_tokens)
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
         self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
         finished = set(outcome.finished)
@@ -299,12 +303,12 @@ class EngineLoop:
         for request_id, entries in outcome.prompt_logprobs.items():
             if (sink := self._sinks.get(request_id)) is not None:
                 sink.put(PromptEvent(request_id, entries))
-        for request_id, token_id in outcome.tokens.items():
+        for request_id in outcome.tokens:
             sink = self._sinks.get(request_id)
             if sink is None:
                 continue
             try:
-                self._deliver_token(request_id, token_id, outcome, sink, now, finished)
+                self._deliver_tokens(request_id, outcome, sink, now, finished)
             except Exception as error:  # this request's fault: fail it, not the loop
                 logger.exception("delivering request %d's token failed", request_id)
                 self._fail(request_id, RequestFailed(f"delivering a token failed: {error}"))
@@ -315,26 +319,29 @@ class EngineLoop:
         for request_id in finished:
             self._end(request_id, abort=False)
 
-    def _deliver_token(
+    def _deliver_tokens(
         self,
         request_id: int,
-        token_id: int,
         outcome: IterationOutcome,
         sink: _Sink,
         now: float,
         finished: set[int],
     ) -> None:
-        if sink.last_token_at is None:
-            self.metrics.time_to_first_token.observe(now - sink.added_at)
-        else:
-            self.metrics.inter_token_latency.observe(now - sink.last_token_at)
-        sink.last_token_at = now
-        reason = None
-        if request_id in finished:
-            reason = self.engine.request(request_id).finish_reason
-        logprobs = outcome.logprobs.get(request_id)
-        cached = sink.cached_tokens or 0
-        sink.put(TokenEvent(request_id, token_id, logprobs, reason, cached))
+        """One event per token the step added to the request (several with speculation, all
+        arriving now), the finish reason on the last."""
+        tokens = outcome.new_tokens(request_id)
+        for index, token_id in enumerate(tokens):
+            if sink.last_token_at is None:
+                self.metrics.time_to_first_token.observe(now - sink.added_at)
+            else:
+                self.metrics.inter_token_latency.observe(now - sink.last_token_at)
+            sink.last_token_at = now
+            reason = None
+            if index == len(tokens) - 1 and request_id in finished:
+                reason = self.engine.request(request_id).finish_reason
+            logprobs = outcome.logprobs.get(request_id)
+            cached = sink.cached_tokens or 0
+            sink.put(TokenEvent(request_id, token_id, logprobs, reason, cached))
 
     def _fail(self, request_id: int, error: Exception, *, abort: bool = True) -> None:
         """Tell one request's client `error` and end the request, aborting it unless the

@@ -58,6 +58,16 @@ class ServerMetrics:
             "Prompt positions taken from the prefix cache instead of computed",
             registry=r,
         )
+        self.spec_decode_draft_tokens = Counter(
+            "llmengine_spec_decode_draft_tokens",
+            "Tokens a speculative proposer guessed and a forward checked",
+            registry=r,
+        )
+        self.spec_decode_accepted_tokens = Counter(
+            "llmengine_spec_decode_accepted_tokens",
+            "Guessed tokens the model agreed with and kept",
+            registry=r,
+        )
         self.requests_finished = Counter(
             "llmengine_requests_finished",
             "Engine requests that ended, by how",

@@ -1,0 +1,117 @@
+"""Checking a guess: which drafted tokens the model keeps, and the one it adds.
+
+A row of k drafted tokens gives k + 1 rows of logits: position j's logits are the model's
+distribution for the token after draft j - 1 (the request's last token for j = 0).
+- Greedy: keep drafts while each is the model's argmax; the first that is not is replaced
+  by the argmax, and if all k are kept, the argmax after the last one is added. The text is
+  exactly the text without speculation.
+- Sampled: the rule of Leviathan et al. (2023) for a proposer that picks its draft for sure
+  (a point mass, as prompt lookup does): keep draft d with probability p(d), where p is the
+  sampler's own distribution (temperature, top-k, top-p); on the first refusal draw from p
+  with d taken out, renormalised; if all k are kept, draw the next token from p. Each token
+  is then distributed exactly as p, whatever the proposer guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from llmengine.outcome import Sampled
+from llmengine.params import SamplingParams, finish_reason
+from llmengine.sampling import candidate_distribution, draw_one
+from llmengine.scheduling.decision import ScheduledRow, packed_starts
+
+
+def verify_drafts(
+    logits: torch.Tensor,
+    drafts: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """The tokens a row keeps, from its `[len(drafts) + 1, vocab]` logits: the accepted
+    drafts, then one token of the model's own (1 to len(drafts) + 1 tokens)."""
+    if logits.shape[0] != len(drafts) + 1:
+        raise ValueError(f"{len(drafts)} drafts need {len(drafts) + 1} rows of logits")
+    if params.greedy:
+        targets = logits.argmax(dim=-1).tolist()
+        kept = []
+        for draft, target in zip(drafts, targets, strict=False):
+            if draft != target:
+                break
+            kept.append(draft)
+        return [*kept, targets[len(kept)]]
+    kept = []
+    for position, draft in enumerate(drafts):
+        tokens, probs = candidate_distribution(logits[position], params)
+        is_draft = tokens == draft
+        chance = float(probs[is_draft].sum())
+        if float(torch.rand(1, generator=generator, device=probs.device)) < chance:
+            kept.append(draft)
+            continue
+        rest = probs.masked_fill(is_draft, 0.0)
+        return [*kept, int(tokens[draw_one(rest / rest.sum(), generator)])]
+    tokens, probs = candidate_distribution(logits[-1], params)
+    return [*kept, int(tokens[draw_one(probs, generator)])]
+
+
+def can_speculate(params: SamplingParams) -> bool:
+    """Whether a request's rows may carry drafts: not when its sampler needs one position at
+    a time (penalties that move with every token, logprobs per token, a grammar's mask)."""
+    return not params.has_penalties and params.logprobs is None and params.constraint is None
+
+
+def cut_at_finish(
+    kept: list[int], params: SamplingParams, num_output_tokens: int, eos_token_ids: Sequence[int]
+) -> list[int]:
+    """`kept` up to the first token that would finish a request that has generated
+    `num_output_tokens` so far (a stop or end token, or its last allowed one), included."""
+    for index, token in enumerate(kept):
+        if finish_reason(params, num_output_tokens + index + 1, token, eos_token_ids):
+            return kept[: index + 1]
+    return kept
+
+
+def draft_logits_at(rows: list[ScheduledRow]) -> list[int]:
+    """Packed indices of the positions whose logits check a row's drafts: its last token's
+    and every draft's but the last (the last one's logits are the row's usual ones)."""
+    starts = packed_starts(rows)
+    return [
+        start + offset
+        for row, start in zip(rows, starts, strict=False)
+        if row.draft_token_ids
+        for offset in range(row.num_positions - len(row.draft_token_ids) - 1, row.num_positions - 1)
+    ]
+
+
+def verify_rows(
+    rows: list[ScheduledRow],
+    last_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    generators: Mapping[int, torch.Generator | None],
+    eos_token_ids: Sequence[int],
+    sampled: Sampled,
+) -> None:
+    """Check every row's drafts and record in `sampled` what each keeps (`tokens`, a list
+    cut at the first token that finishes its request), how many it proposed and kept
+    (`drafts`), or that its logits were not finite (`failed`). `last_logits` are the rows'
+    usual logits (`[rows, vocab]`), `draft_logits` those of `draft_logits_at`, in order."""
+    offset = 0
+    for index, row in enumerate(rows):
+        drafts = row.draft_token_ids
+        if not drafts:
+            continue
+        logits = torch.cat(
+            [draft_logits[offset : offset + len(drafts)], last_logits[index : index + 1]]
+        )
+        offset += len(drafts)
+        request = row.request
+        if not torch.isfinite(logits).all():
+            sampled.failed[request.request_id] = "the model's logits were not finite"
+            continue
+        kept = verify_drafts(logits, drafts, request.params, generators[request.request_id])
+        sampled.drafts[request.request_id] = (len(drafts), len(kept) - 1)
+        sampled.tokens[request.request_id] = cut_at_finish(
+            kept, request.params, request.num_output_tokens, eos_token_ids
+        )
