@@ -16,7 +16,6 @@ from typing import Any
 # The first of each is the default.
 POLICIES = ("incremental", "reserve")
 PREEMPTION_MODES = ("recompute", "swap")
-PROPOSERS = ("ngram",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +53,9 @@ class EngineConfig:
     - `decode_graph`: the decode forward compiled once per batch bucket; True for buckets 1,
       2, 4, ... up to `num_slots`, or the buckets themselves.
     - `speculative`: "ngram" guesses up to `num_speculative_tokens` tokens per decoding
-      request by prompt lookup, and one forward keeps those the model agrees with (None: one
-      token per step).
+      request by prompt lookup, a checkpoint folder names a draft model (a smaller Llama with
+      the same tokenizer) that guesses them; one forward keeps those the model agrees with
+      (None: one token per step).
     """
 
     num_blocks: int = _knob(
@@ -108,8 +108,8 @@ class EngineConfig:
     )  # fmt: skip
     speculative: str | None = _knob(
         None,
-        Option(("--speculative",), "guess tokens with this proposer and check them in one "
-               "forward: ngram (prompt lookup)", choices=PROPOSERS),
+        Option(("--speculative",), "guess tokens and check them in one forward: ngram (prompt "
+               "lookup), or a draft model's checkpoint folder", "ngram|DIR"),
     )  # fmt: skip
     num_speculative_tokens: int = _knob(
         3,
@@ -122,9 +122,12 @@ class EngineConfig:
             _check_whole(name, getattr(self, name), minimum=1)
         _check_whole("watermark", self.watermark, minimum=0)
         _check_whole("num_speculative_tokens", self.num_speculative_tokens, minimum=1)
-        if self.speculative is not None and self.speculative not in PROPOSERS:
+        if self.speculative is not None and (
+            not isinstance(self.speculative, str) or not self.speculative
+        ):
             raise ValueError(
-                f"speculative must be None or one of {PROPOSERS}, got {self.speculative!r}"
+                "speculative must be None, 'ngram' or a draft model's checkpoint folder, "
+                f"got {self.speculative!r}"
             )
         _check_whole("swap_blocks", self.swap_blocks, minimum=0)
         if self.policy not in POLICIES:

@@ -34,6 +34,7 @@ __all__ = [
     "TokenLogprobs",
     "apply_penalties",
     "candidate_distribution",
+    "dense_distribution",
     "draw_one",
     "finish_reason",
     "make_generator",
@@ -116,6 +117,15 @@ def candidate_distribution(
         keep = int(torch.searchsorted(cumulative, threshold).item()) + 1
         probs = probs[:keep] / probs[:keep].sum()
     return order[: len(probs)], probs
+
+
+def dense_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`candidate_distribution` spread over the whole vocabulary: `[vocab]` probabilities,
+    0 for every token the sampler would never draw."""
+    tokens, probs = candidate_distribution(logits, params)
+    dense = torch.zeros(logits.shape[-1], dtype=probs.dtype, device=logits.device)
+    dense[tokens] = probs
+    return dense
 
 
 def draw_one(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -75,7 +75,7 @@ def test_the_finishing_token_ends_what_is_kept() -> None:
 )
 def test_sampled_verification_draws_each_token_from_the_models_distribution(params) -> None:
     """Whatever the drafts, the first token kept is distributed as p0, and the second, when
-    the first is the draft, as p1: checked by chi-square over 20,000 seeded draws."""
+    the first is the draft, as p1: checked by chi-square over 10,000 seeded draws."""
     from llmengine.sampling import candidate_distribution
 
     torch.manual_seed(0)
@@ -88,7 +88,7 @@ def test_sampled_verification_draws_each_token_from_the_models_distribution(para
         full = torch.zeros(vocab)
         full[tokens] = probs
         dists.append(full)
-    trials = 20_000
+    trials = 10_000
     first = torch.zeros(vocab)
     second = torch.zeros(vocab)
     generator = torch.Generator()
@@ -265,10 +265,149 @@ def test_an_abort_mid_speculation_gives_everything_back(model, prompts) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"speculative": "eagle"}, "speculative must be"),
+        ({"speculative": "eagle"}, "neither 'ngram' nor a draft model's checkpoint folder"),
+        ({"speculative": ""}, "speculative must be"),
         ({"speculative": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ],
 )
 def test_bad_speculative_settings_are_refused(model, options, message) -> None:
     with pytest.raises(ValueError, match=message):
         Engine(model, num_blocks=8, **options)
+
+
+# -- a draft model -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def self_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llmengine.speculative.draft import save_self_draft
+
+    folder = tmp_path_factory.mktemp("self-draft")
+    return save_self_draft(llmengine.embedded_model_path(), folder, num_layers=2)
+
+
+def test_a_self_draft_is_the_first_layers_of_its_model(model, self_draft: Path) -> None:
+    draft = llmengine.load_model(self_draft, kernels="eager")
+    assert draft.config.num_hidden_layers == 2
+    assert draft.config.vocab_size == model.config.vocab_size
+    ours, theirs = model.state_dict(), draft.state_dict()
+    assert set(theirs) < set(ours)
+    assert all(torch.equal(ours[name], tensor) for name, tensor in theirs.items())
+    assert (self_draft / "tokenizer.json").is_file()
+    from llmengine.speculative.draft import save_self_draft
+
+    with pytest.raises(ValueError, match="between 1 and 3 layers"):
+        save_self_draft(llmengine.embedded_model_path(), self_draft / "x", num_layers=4)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_blocks": 256},
+        {"num_blocks": 30, "preemption": "recompute"},
+        {"num_blocks": 30, "preemption": "swap", "swap_blocks": 64},
+        {"num_blocks": 256, "enable_prefix_caching": True, "max_num_batched_tokens": 12},
+    ],
+    ids=["roomy", "recompute", "swap", "caching-chunked"],
+)
+def test_a_draft_model_keeps_the_greedy_text_through_everything(
+    model, prompts, self_draft: Path, options
+) -> None:
+    greedy = SamplingParams(max_tokens=60)
+    batch = prompts + prompts
+    plain, *_ = run(Engine(model, num_blocks=256, block_size=4, num_slots=10), batch, greedy)
+    _, plain_forwards, *_ = run(Engine(model, block_size=4, num_slots=10, **options), batch, greedy)
+    engine = Engine(model, block_size=4, num_slots=10, speculative=str(self_draft),
+                    num_speculative_tokens=3, **options)  # fmt: skip
+    evicted = []
+    ids = engine.add_requests(batch, greedy)
+    forwards = accepted = 0
+    while engine.has_unfinished():
+        outcome = engine.step()
+        engine.check_integrity()
+        evicted += outcome.evicted
+        forwards += 1
+        accepted += outcome.num_accepted_tokens
+    assert [engine.release(i).output_token_ids for i in ids] == plain
+    assert bool(evicted) == ("preemption" in options)
+    assert accepted > 0
+    if set(options) == {"num_blocks"}:  # with room and no budget, guessing saves forwards
+        assert forwards < plain_forwards
+
+
+def test_sampling_with_a_draft_model_follows_the_models_distribution(tmp_path: Path) -> None:
+    """A random 2-layer model over 8 tokens and its own first layer as the draft: the
+    second and third tokens' distributions match those without speculation."""
+    from llmengine.speculative.draft import save_self_draft
+
+    save_random_llama(tmp_path / "target", seed=7, vocab_size=8, num_hidden_layers=2,
+                      bos_token_id=0, eos_token_id=0)  # fmt: skip
+    draft = save_self_draft(tmp_path / "target", tmp_path / "draft", num_layers=1)
+    model = llmengine.load_model(tmp_path / "target")
+    trials = 1200
+    params = [
+        SamplingParams(max_tokens=4, temperature=1.0, seed=seed, ignore_eos=True)
+        for seed in range(trials)
+    ]
+    outputs = {}
+    for speculative in (None, str(draft)):
+        engine = Engine(model, num_blocks=2048, block_size=4, num_slots=64,
+                        speculative=speculative, num_speculative_tokens=2)  # fmt: skip
+        outputs[speculative], _, proposed, accepted = run(engine, [[1, 2, 3]] * trials, params)
+    assert proposed > trials and 0 < accepted < proposed
+    for position in (1, 2):
+        plain, speculated = (
+            torch.bincount(torch.tensor([out[position] for out in outputs[key]]), minlength=8)
+            for key in (None, str(draft))
+        )
+        pooled = (plain + speculated).float() / (2 * trials)
+        statistic = chi_square(plain.float(), trials * pooled) + chi_square(
+            speculated.float(), trials * pooled
+        )
+        assert statistic < CHI2_CRITICAL[7], position
+
+
+def test_a_draft_with_another_vocabulary_is_refused(model, tmp_path: Path) -> None:
+    save_random_llama(tmp_path, seed=8, vocab_size=97)
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(model, num_blocks=16, speculative=str(tmp_path))
+    with pytest.raises(ValueError, match="nowhere' is neither"):
+        Engine(model, num_blocks=16, speculative=str(tmp_path / "nowhere"))
+
+
+# -- the front doors -----------------------------------------------------------------------
+
+
+def test_generate_prints_the_same_text_with_either_proposer(
+    self_draft: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmengine.cli import main
+
+    argv = ["generate", "--prompt", "ROMEO:", "--max-tokens", "48", "--kernels", "eager"]
+    assert main(argv) == 0
+    expected = capsys.readouterr().out
+    for proposer in ("ngram", str(self_draft)):
+        assert main([*argv, "--speculative", proposer, "--num-speculative-tokens", "3"]) == 0
+        assert capsys.readouterr().out == expected
+
+
+def test_the_server_streams_the_same_text_and_counts_drafts(model, tokenizer) -> None:
+    import httpx
+    from server_helpers import MODEL_NAME, served, sse_payloads
+
+    body = {"model": MODEL_NAME, "prompt": "ROMEO:\n", "max_tokens": 60, "temperature": 0}
+    texts = []
+    for options in ({}, {"speculative": "ngram", "num_speculative_tokens": 4}):
+        with served(Engine(model, num_blocks=64, **options), tokenizer) as server:
+            whole = server.post("/v1/completions", body).json()["choices"][0]["text"]
+            url = f"{server.url}/v1/completions"
+            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as sse:
+                chunks = [p["choices"][0]["text"] for p in sse_payloads(sse.iter_lines())]
+            metrics = server.metrics()
+        assert "".join(chunks) == whole
+        texts.append(whole)
+        drafted = metrics["llmengine_spec_decode_draft_tokens_total"]
+        accepted = metrics["llmengine_spec_decode_accepted_tokens_total"]
+        assert metrics["llmengine_generation_tokens_total"] == 2 * 60
+        assert (drafted > 0 and 0 < accepted <= drafted) if options else drafted == 0
+    assert texts[0] == texts[1]

@@ -139,6 +139,20 @@ def test_seeds_caching_chunking_and_swap_work_unchanged_across_ranks(gqa_untied:
     assert two_ranks(gqa_untied, prompts, params, **options) == expected
 
 
+def test_prompt_lookup_speculation_keeps_the_text_across_ranks(gqa_untied: Path) -> None:
+    """Drafts ride on the rows every rank computes; a draft model is refused (the workers
+    would get the rows before its guesses)."""
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 5, 6, 5]]
+    greedy = llmengine.SamplingParams(max_tokens=16, ignore_eos=True)
+    options = {"num_blocks": 32, "block_size": 4, "num_slots": 2}
+    expected = single_process(gqa_untied, prompts, greedy, **options)
+    speculating = {**options, "speculative": "ngram", "num_speculative_tokens": 3}
+    assert two_ranks(gqa_untied, prompts, greedy, **speculating) == expected
+    with pytest.raises(ValueError, match="prompt lookup only"):
+        start_tensor_parallel(gqa_untied, tensor_parallel_size=2, num_blocks=8,
+                              speculative=str(gqa_untied))  # fmt: skip
+
+
 def test_a_rank_that_dies_makes_the_engine_raise_in_bounded_time(gqa_untied: Path) -> None:
     params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
     engine = start_tensor_parallel(

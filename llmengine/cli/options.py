@@ -126,11 +126,9 @@ def add_engine_arguments(
         elif option.choices:
             settings.update(choices=option.choices, default=None if unset else default)
         else:
-            settings.update(
-                type=WHOLE_NUMBER_TYPES[option.minimum],
-                metavar=option.metavar,
-                default=None if unset else default,
-            )
+            # A field with a minimum is a whole number; one without is text (a name or path).
+            kind = str if option.minimum is None else WHOLE_NUMBER_TYPES[option.minimum]
+            settings.update(type=kind, metavar=option.metavar, default=None if unset else default)
         parser.add_argument(*spellings, **settings)
 
 

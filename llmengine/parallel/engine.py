@@ -189,6 +189,9 @@ def _checked(
     check_divisible(LlamaConfig.from_file(model_folder(path) / "config.json"), cluster.size)
     if config.compile or config.decode_graph:
         raise ValueError("tensor parallelism runs eager: leave compile and decode_graph off")
+    if config.speculative not in (None, "ngram"):
+        # The workers get each step's rows before the draft model has filled in its guesses.
+        raise ValueError("tensor parallelism speculates by prompt lookup only: speculative='ngram'")
     return config, {"dtype": dtype, "kernels": kernels, "quantization": quantization}
 
 

@@ -5,11 +5,12 @@ distribution for the token after draft j - 1 (the request's last token for j = 0
 - Greedy: keep drafts while each is the model's argmax; the first that is not is replaced
   by the argmax, and if all k are kept, the argmax after the last one is added. The text is
   exactly the text without speculation.
-- Sampled: the rule of Leviathan et al. (2023) for a proposer that picks its draft for sure
-  (a point mass, as prompt lookup does): keep draft d with probability p(d), where p is the
-  sampler's own distribution (temperature, top-k, top-p); on the first refusal draw from p
-  with d taken out, renormalised; if all k are kept, draw the next token from p. Each token
-  is then distributed exactly as p, whatever the proposer guessed.
+- Sampled: the rule of Leviathan et al. (2023). Draft d was drawn from the proposer's q (a
+  draft model's distribution, or a point mass on d for prompt lookup); keep it with
+  probability min(1, p(d) / q(d)), where p is the sampler's own distribution (temperature,
+  top-k, top-p); on the first refusal draw from max(p - q, 0), renormalised; if all k are
+  kept, draw the next token from p. Each token is then distributed exactly as p, whatever
+  the proposer guessed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from llmengine.outcome import Sampled
 from llmengine.params import SamplingParams, finish_reason
-from llmengine.sampling import candidate_distribution, draw_one
+from llmengine.sampling import dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow, packed_starts
 
 
@@ -29,9 +30,12 @@ def verify_drafts(
     drafts: list[int],
     params: SamplingParams,
     generator: torch.Generator | None,
+    draft_probs: torch.Tensor | None = None,
 ) -> list[int]:
     """The tokens a row keeps, from its `[len(drafts) + 1, vocab]` logits: the accepted
-    drafts, then one token of the model's own (1 to len(drafts) + 1 tokens)."""
+    drafts, then one token of the model's own (1 to len(drafts) + 1 tokens). `draft_probs`
+    (`[len(drafts), vocab]`) are the distributions the drafts were drawn from; None for
+    drafts picked for sure."""
     if logits.shape[0] != len(drafts) + 1:
         raise ValueError(f"{len(drafts)} drafts need {len(drafts) + 1} rows of logits")
     if params.greedy:
@@ -44,16 +48,19 @@ def verify_drafts(
         return [*kept, targets[len(kept)]]
     kept = []
     for position, draft in enumerate(drafts):
-        tokens, probs = candidate_distribution(logits[position], params)
-        is_draft = tokens == draft
-        chance = float(probs[is_draft].sum())
-        if float(torch.rand(1, generator=generator, device=probs.device)) < chance:
+        p = dense_distribution(logits[position], params)
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[draft] = 1.0
+        else:
+            q = draft_probs[position].to(p)
+        # u < p(d) / q(d), without dividing: q(d) > 0 for a drawn draft.
+        if float(torch.rand(1, generator=generator, device=p.device)) * q[draft] < p[draft]:
             kept.append(draft)
             continue
-        rest = probs.masked_fill(is_draft, 0.0)
-        return [*kept, int(tokens[draw_one(rest / rest.sum(), generator)])]
-    tokens, probs = candidate_distribution(logits[-1], params)
-    return [*kept, int(tokens[draw_one(probs, generator)])]
+        rest = (p - q).clamp(min=0.0)
+        return [*kept, int(draw_one(rest / rest.sum(), generator))]
+    return [*kept, int(draw_one(dense_distribution(logits[-1], params), generator))]
 
 
 def can_speculate(params: SamplingParams) -> bool:
@@ -92,11 +99,13 @@ def verify_rows(
     generators: Mapping[int, torch.Generator | None],
     eos_token_ids: Sequence[int],
     sampled: Sampled,
+    draft_probs: Mapping[int, torch.Tensor],
 ) -> None:
     """Check every row's drafts and record in `sampled` what each keeps (`tokens`, a list
     cut at the first token that finishes its request), how many it proposed and kept
     (`drafts`), or that its logits were not finite (`failed`). `last_logits` are the rows'
-    usual logits (`[rows, vocab]`), `draft_logits` those of `draft_logits_at`, in order."""
+    usual logits (`[rows, vocab]`), `draft_logits` those of `draft_logits_at`, in order;
+    `draft_probs` the distributions a draft model drew each sampled row's drafts from."""
     offset = 0
     for index, row in enumerate(rows):
         drafts = row.draft_token_ids
@@ -110,7 +119,10 @@ def verify_rows(
         if not torch.isfinite(logits).all():
             sampled.failed[request.request_id] = "the model's logits were not finite"
             continue
-        kept = verify_drafts(logits, drafts, request.params, generators[request.request_id])
+        kept = verify_drafts(
+            logits, drafts, request.params, generators[request.request_id],
+            draft_probs.get(request.request_id),
+        )  # fmt: skip
         sampled.drafts[request.request_id] = (len(drafts), len(kept) - 1)
         sampled.tokens[request.request_id] = cut_at_finish(
             kept, request.params, request.num_output_tokens, eos_token_ids
