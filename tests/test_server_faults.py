@@ -51,7 +51,7 @@ def fresh(model: llmengine.Llama, tokenizer: Any) -> Iterator[Served]:
 def test_a_fault_delivering_one_request_fails_that_request_alone(
     fresh: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = EngineLoop._deliver_token
+    real = EngineLoop._deliver_tokens
     doomed: list[int] = []
 
     def deliver(self, request_id, *args, **kwargs):  # the first request added is doomed
@@ -61,7 +61,7 @@ def test_a_fault_delivering_one_request_fails_that_request_alone(
             raise RuntimeError("injected fault")
         return real(self, request_id, *args, **kwargs)
 
-    monkeypatch.setattr(EngineLoop, "_deliver_token", deliver)
+    monkeypatch.setattr(EngineLoop, "_deliver_tokens", deliver)
     payloads = stream_payloads(fresh.url, LONG)
     assert errors_in(payloads) and "injected fault" in errors_in(payloads)[0]["message"]
     # The loop goes on: /health is fine and the next requests are served.
