@@ -34,10 +34,11 @@ reports: $(STAMP)
 	done
 	$(BIN)/python scripts/normalize_notebooks.py $(LESSONS)
 
-# Lint, unit tests, then every lesson executed into a temporary folder and its tables
-# compared with the committed reports/ (no file in the repository changes).
+# Lint, unit tests (two workers, each test file whole in one, so module fixtures load once),
+# then every lesson executed into a temporary folder and its tables compared with the
+# committed reports/ (no file in the repository changes).
 test: lint $(STAMP)
-	$(BIN)/pytest tests
+	$(BIN)/pytest -n 2 --dist loadfile tests
 	$(BIN)/python scripts/check_lessons.py --timeout $(CELL_TIMEOUT)
 
 # Read and run the lessons one cell at a time, without executing them all first. Jupyter
