@@ -13,7 +13,6 @@ benchmark needs to see.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,9 +27,8 @@ from llmengine.sampling import SamplingParams, make_generator, sample_rows
 from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput, packed_starts
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
-from llmengine.speculative.draft import DraftModel
-from llmengine.speculative.ngram import propose_ngram
-from llmengine.speculative.verify import can_speculate, draft_logits_at, verify_rows
+from llmengine.speculative.speculator import Speculator
+from llmengine.speculative.verify import draft_logits_at, verify_rows
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.speed.decode_graph import DecodeGraphs, buckets_for
 from llmengine.structured.matchers import RequestGrammars
@@ -92,9 +90,8 @@ class Engine:
             )
             self.decode_graphs = DecodeGraphs(model, self.cache, config.num_blocks, buckets)
             self.graph_compile_seconds = sum(self.decode_graphs.compile_seconds.values())
-        self.drafter = (
-            None if config.speculative in (None, "ngram") else draft_model_for(model, config)
-        )
+        # The guesser of speculative decoding (a no-op without `speculative`).
+        self.speculator = Speculator(config, model, self.cache)
         self.eos_token_ids = model.config.eos_token_ids
         self.iteration = 0
         self._requests: dict[int, Request] = {}
@@ -264,13 +261,13 @@ class Engine:
         """
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
-        self._propose()
+        self.speculator.propose(self.scheduler.running)
         decision = self.scheduler.schedule()
         logits, prompt_logprobs, draft_logits = self._carry_out(decision)
         sampled = sample_rows(decision.rows, logits, self._generators, self.grammars)
         verify_rows(
             decision.rows, logits, draft_logits, self._generators, self.eos_token_ids, sampled,
-            {} if self.drafter is None else self.drafter.probs,
+            self.speculator.draft_probs,
         )  # fmt: skip
         finished = self.scheduler.update(decision, sampled.tokens, self.eos_token_ids)
         self._forget(request.request_id for request in finished)
@@ -283,27 +280,11 @@ class Engine:
         self.iteration += 1
         return outcome
 
-    def _propose(self) -> None:
-        """Drafts for every decoding request that may speculate: prompt lookup's guesses, or
-        room for the draft model's, which it fills once the rows are decided; the scheduler
-        cuts them to what the request's budget and the step's leave."""
-        if self.config.speculative is None:
-            return
-        k = self.config.num_speculative_tokens
-        for request in self.scheduler.running:
-            if not request.prefilling and can_speculate(request.params):
-                if self.drafter is None:
-                    request.draft_token_ids = propose_ngram(request.token_ids, k)
-                else:
-                    request.draft_token_ids = [0] * k  # places for the draft model's guesses
-
     def _carry_out(self, decision: SchedulerOutput) -> StepLogits:
         """The decision on the cache and the model: its swaps (out, then in), the draft
         model's guesses, then the forward."""
         self.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
-        if self.drafter is not None:
-            self.drafter.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
-            self.drafter.propose(decision.rows, self._generators)
+        self.speculator.before_forward(decision, self._generators)
         return self._forward(decision.rows)
 
     def _forward(self, scheduled: list[ScheduledRow]) -> StepLogits:
@@ -346,8 +327,7 @@ class Engine:
             del self._generators[request_id]
             self.prompt_logprobs.forget(request_id)
             self.grammars.forget(request_id)
-            if self.drafter is not None:
-                self.drafter.forget(request_id)
+            self.speculator.forget(request_id)
 
     def check_integrity(self) -> None:
         """The scheduler's invariants: each pool's free plus held is its size, every slot and
@@ -393,24 +373,6 @@ def paged_cache_for(model: Llama, config: EngineConfig) -> PagedKVCache:
         device=parameter.device,
         swap_blocks=config.swap_blocks,
     )
-
-
-def draft_model_for(model: Llama, config: EngineConfig) -> DraftModel:
-    """The draft model at `config.speculative` (a checkpoint folder), on the target's device
-    and in its dtype, with its own paged cache on the target's block tables."""
-    from llmengine.model.loader import load_model
-
-    if not Path(config.speculative).is_dir():
-        raise ValueError(
-            f"speculative={config.speculative!r} is neither 'ngram' nor a draft model's "
-            "checkpoint folder"
-        )
-    parameter = next(model.parameters())
-    # "packed": no per-shape timing for the draft's many small row counts at start-up.
-    draft = load_model(
-        config.speculative, dtype=parameter.dtype, device=parameter.device, kernels="packed"
-    )
-    return DraftModel(draft, paged_cache_for(draft, config), model.config.vocab_size)
 
 
 def paged_row(row: ScheduledRow) -> PagedRow:

@@ -68,6 +68,14 @@ class PagedKVCache:
     def device(self) -> torch.device:
         return self.keys[0].device
 
+    def like(self, config: LlamaConfig) -> PagedKVCache:
+        """An empty cache over the same pool (blocks, block size, dtype, device, swap space)
+        for another model's layers and heads: a draft model's, on the same block tables."""
+        return PagedKVCache(
+            config, self.num_blocks, self.block_size, self.keys[0].dtype, self.device,
+            self.swap_blocks,
+        )  # fmt: skip
+
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block holds across every layer, keys and values: what a swap moves."""

@@ -31,16 +31,18 @@ WEIGHTS = "model.safetensors"
 
 
 class DraftModel:
-    """The draft and its cache; `propose` fills the scheduled rows' drafts in place."""
+    """The draft and its cache, a twin of the target's; `propose` fills the scheduled rows'
+    drafts in place."""
 
-    def __init__(self, model: Llama, cache: PagedKVCache, target_vocab_size: int) -> None:
-        if model.config.vocab_size != target_vocab_size:
+    def __init__(self, model: Llama, target: Llama, target_cache: PagedKVCache) -> None:
+        if model.config.vocab_size != target.config.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({model.config.vocab_size} tokens) is not the "
-                f"target's ({target_vocab_size}): a draft must share the target's tokenizer"
+                f"target's ({target.config.vocab_size}): a draft must share the target's "
+                "tokenizer"
             )
         self.model = model
-        self.cache = cache
+        self.cache = target_cache.like(model.config)
         self._computed: dict[int, int] = {}  # positions of each request with the draft's K/V
         # This step's sampled rows: the distributions their drafts were drawn from, [k, vocab].
         self.probs: dict[int, torch.Tensor] = {}
@@ -113,6 +115,20 @@ class DraftModel:
             return int(logits.argmax()), None
         dense = dense_distribution(logits, params)
         return int(draw_one(dense, generators[row.request.request_id])), dense
+
+
+def load_draft(path: str, target: Llama, target_cache: PagedKVCache) -> DraftModel:
+    """The draft model in the checkpoint folder `path`, on the target's device and in its
+    dtype ("packed" kernels: no start-up timing for the draft's many small row counts)."""
+    from llmengine.model.loader import load_model
+
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"speculative={path!r} is neither 'ngram' nor a draft model's checkpoint folder"
+        )
+    parameter = next(target.parameters())
+    draft = load_model(path, dtype=parameter.dtype, device=parameter.device, kernels="packed")
+    return DraftModel(draft, target, target_cache)
 
 
 def save_self_draft(source: str | Path, target: str | Path, num_layers: int) -> Path:
