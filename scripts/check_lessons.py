@@ -8,7 +8,11 @@ and no committed table may be left without a lesson that writes it. Wall-clock t
 the variable is caught too: the lesson, figure and report folders must look the same in
 `git status` before and after.
 
-Usage: check_lessons.py [--artifacts DIR] [--timeout SECONDS]
+The lessons run on `--workers` processes at once (pytest-xdist), each notebook whole in one:
+they share nothing but the artifacts folder, where each writes its own files. Wall-clock
+tables measured beside another lesson are noisier for it; they are never compared.
+
+Usage: check_lessons.py [--artifacts DIR] [--timeout SECONDS] [--workers N]
 With --artifacts DIR it skips running the lessons and only compares DIR/reports.
 """
 
@@ -61,7 +65,7 @@ def repository_changes() -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
-def run_lessons(notebooks: Sequence[Path], artifacts: Path, timeout: int) -> int:
+def run_lessons(notebooks: Sequence[Path], artifacts: Path, timeout: int, workers: int) -> int:
     """Execute the notebooks with nbmake, artifacts redirected; return pytest's exit status."""
     env = {**os.environ, ARTIFACTS_ENV: str(artifacts)}
     command = [
@@ -70,6 +74,7 @@ def run_lessons(notebooks: Sequence[Path], artifacts: Path, timeout: int) -> int
         "pytest",
         "--nbmake",
         f"--nbmake-timeout={timeout}",
+        f"--numprocesses={workers}",
         "--durations=0",
         "-p",
         "no:cacheprovider",
@@ -95,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--artifacts", type=Path, help="compare this folder, run nothing")
     parser.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
+    parser.add_argument("--workers", type=int, default=2, help="lessons run at once")
     args = parser.parse_args(argv)
     if args.artifacts is not None:
         return check(args.artifacts)
@@ -103,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("lessons: none yet, nothing to execute")
     before = repository_changes()
     with tempfile.TemporaryDirectory(prefix="llmengine-artifacts-") as folder:
-        status = run_lessons(notebooks, Path(folder), args.timeout) if notebooks else 0
+        status = (
+            run_lessons(notebooks, Path(folder), args.timeout, args.workers) if notebooks else 0
+        )
         if status != 0:
             return status
         after = repository_changes()
