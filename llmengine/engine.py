@@ -6,8 +6,10 @@ restart) and decodes, all in the same call. Under a `max_num_batched_tokens` bud
 may be a chunk of its request's positions; only the chunk that reaches a request's last token
 is sampled. Before the forward the cache carries out the decision's swaps. A request that gets
 its last token gives its blocks and slot back in that same step, so a run ends with the step
-that finishes it. The step reports what happened as an `IterationOutcome`, which is all a
-benchmark needs to see.
+that finishes it. With speculative decoding (`llmengine.speculative`) a decode row also
+carries guessed tokens, and the step keeps those the model agrees with. A constrained request
+(`llmengine.structured`) samples only what its grammar allows. The step reports what happened
+as an `IterationOutcome`, which is all a benchmark needs to see.
 """
 
 from __future__ import annotations
