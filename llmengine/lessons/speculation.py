@@ -75,11 +75,12 @@ class Run:
 
 
 def engine_for(model: Llama, prompts: Sequence[Sequence[int]], max_tokens: int,
-               k: int | None) -> Engine:  # fmt: skip
+               k: int | None, proposer: str = "ngram") -> Engine:  # fmt: skip
     """A fresh engine with a slot for every prompt and blocks for every request's longest
-    sequence (drafts included), so that nobody waits and nobody is preempted."""
+    sequence (drafts included), so that nobody waits and nobody is preempted; `proposer` is
+    "ngram" or a draft model's folder."""
     longest = max(len(prompt) for prompt in prompts) + max_tokens + (k or 0) + 1
-    speculation = {} if k is None else {"speculative": "ngram", "num_speculative_tokens": k}
+    speculation = {} if k is None else {"speculative": proposer, "num_speculative_tokens": k}
     return Engine(
         model,
         num_blocks=len(prompts) * blocks_for_length(longest, BLOCK_SIZE),
@@ -90,12 +91,17 @@ def engine_for(model: Llama, prompts: Sequence[Sequence[int]], max_tokens: int,
 
 
 def generate_counted(
-    model: Llama, prompts: Sequence[Sequence[int]], max_tokens: int, k: int | None = None
+    model: Llama,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    k: int | None = None,
+    proposer: str = "ngram",
 ) -> Run:
     """Greedy decoding of `prompts` (`max_tokens` each, past the end token) on a fresh
-    engine, speculating by prompt lookup with up to `k` drafts (None: no speculation);
-    the wall clock counts from adding the requests to the last step."""
-    engine = engine_for(model, prompts, max_tokens, k)
+    engine, speculating with up to `k` drafts from `proposer` (prompt lookup, or a draft
+    model's folder; k None: no speculation); the wall clock counts from adding the
+    requests to the last step."""
+    engine = engine_for(model, prompts, max_tokens, k, proposer)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     forwards = positions = 0
     drafts: list[tuple[int, int]] = []
