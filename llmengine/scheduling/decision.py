@@ -124,5 +124,6 @@ class SchedulerOutput:
 
 
 def packed_starts(rows: list[ScheduledRow]) -> list[int]:
-    """Where each row's tokens start in the forward's packed tokens, and one past the end."""
-    return list(accumulate((len(row.token_ids) for row in rows), initial=0))
+    """Where each row's tokens start in the forward's packed tokens, and one past the end
+    (counted from the rows' positions: no row's tokens are copied)."""
+    return list(accumulate((row.num_positions for row in rows), initial=0))

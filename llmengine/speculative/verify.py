@@ -82,7 +82,10 @@ def cut_at_finish(
 
 def draft_logits_at(rows: list[ScheduledRow]) -> list[int]:
     """Packed indices of the positions whose logits check a row's drafts: its last token's
-    and every draft's but the last (the last one's logits are the row's usual ones)."""
+    and every draft's but the last (the last one's logits are the row's usual ones); none,
+    without a scan of the rows' starts, in a step with no drafts."""
+    if not any(row.draft_token_ids for row in rows):
+        return []
     starts = packed_starts(rows)
     return [
         start + offset
