@@ -2,9 +2,10 @@
 
 The package has layers, and this front door shows them. The serving core is `llmengine`
 itself (the engine, its configuration, sampling) and its sub-packages by role: `model` (the
-Llama, the loader, the tokenizer), `speed` (what makes a loaded model fast), `kv` (the KV
-cache), `scheduling` (requests and the scheduler) and `parallel` (tensor parallelism); its
-public names are imported here.
+Llama, the checkpoint reader, the tokenizer), `speed` (what makes a loaded model fast), `kv`
+(the KV storage), `scheduling` (requests and the scheduler), `structured` and `speculative`
+(constraints and guesses), `runner` (the one place a forward happens) and `parallel` (tensor
+parallelism); its public names are imported here.
 `llmengine.bench` (workloads, batchbench, timing, throughput) and `llmengine.lessons` (figures
 and walkthroughs for the notebooks) sit above it; the bench names re-exported below load on
 first use, so `import llmengine` costs only the core.
@@ -22,20 +23,21 @@ from llmengine.kv.blocks import blocks_for_length as blocks_for_length
 from llmengine.kv.contiguous_cache import ContiguousKVCache as ContiguousKVCache
 from llmengine.kv.contiguous_cache import contiguous_forward as contiguous_forward
 from llmengine.kv.paged_cache import PagedKVCache as PagedKVCache
-from llmengine.kv.paged_cache import PagedRow as PagedRow
-from llmengine.kv.paged_cache import paged_forward as paged_forward
 from llmengine.model.config import LlamaConfig as LlamaConfig
 from llmengine.model.detokenizer import IncrementalDecoder as IncrementalDecoder
 from llmengine.model.llama import AttentionHook as AttentionHook
 from llmengine.model.llama import Llama as Llama
 from llmengine.model.loader import embedded_model_path as embedded_model_path
-from llmengine.model.loader import load_model as load_model
 from llmengine.model.tokenizer import Tokenizer as Tokenizer
 from llmengine.model.tokenizer import load_tokenizer as load_tokenizer
 from llmengine.outcome import IterationOutcome as IterationOutcome
 from llmengine.outcome import TokenLogprobs as TokenLogprobs
 from llmengine.parallel.engine import TensorParallelEngine as TensorParallelEngine
 from llmengine.parallel.engine import start_tensor_parallel as start_tensor_parallel
+from llmengine.runner.attention import PagedRow as PagedRow
+from llmengine.runner.forward import paged_forward as paged_forward
+from llmengine.runner.loading import load_model as load_model
+from llmengine.runner.model_runner import ModelRunner as ModelRunner
 from llmengine.sampling import SamplingParams as SamplingParams
 from llmengine.scheduling.request import Request as Request
 from llmengine.scheduling.request import RequestState as RequestState

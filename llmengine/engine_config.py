@@ -51,7 +51,8 @@ class EngineConfig:
     - `enable_prefix_caching`: share full KV blocks between requests with equal prefixes.
     - `compile`: the position-wise halves of every layer through `torch.compile`.
     - `decode_graph`: the decode forward compiled once per batch bucket; True for buckets 1,
-      2, 4, ... up to `num_slots`, or the buckets themselves.
+      2, 4, ... up to `num_slots`, each kept only if its graph beat eager when start-up timed
+      it (on a CPU), or the buckets themselves, kept as named.
     - `speculative`: "ngram" guesses up to `num_speculative_tokens` tokens per decoding
       request by prompt lookup, a checkpoint folder names a draft model (a smaller Llama with
       the same tokenizer) that guesses them; one forward keeps those the model agrees with

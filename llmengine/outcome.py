@@ -32,6 +32,26 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """What every step of one run shares: the slots, the pool's blocks and their size, the
+    bytes a block holds across every layer, and the host swap space's blocks. Made once per
+    run and referenced by each of its outcomes."""
+
+    num_slots: int = 0
+    num_blocks: int = 0
+    block_size: int = 0
+    bytes_per_block: int = 0
+    num_swap_blocks: int = 0
+
+    @classmethod
+    def of(cls, config: EngineConfig, bytes_per_block: int) -> PoolShape:
+        return cls(
+            config.num_slots, config.num_blocks, config.block_size, bytes_per_block,
+            config.swap_blocks,
+        )  # fmt: skip
+
+
 @dataclass(slots=True)
 class IterationOutcome:
     """One scheduling decision and the one forward that followed it.
@@ -55,7 +75,9 @@ class IterationOutcome:
     but samples nothing. `admitted` (and `resumed`) name a request once per admission, in the
     step of its first chunk; `prefill_rows` counts every chunk.
 
-    The pool fields describe the cache the forward ran on, as the forward left it (requests it
+    `pool` is the run's `PoolShape` (one object for every step; `num_slots`, `num_blocks`,
+    `block_size`, `bytes_per_block` and `num_swap_blocks` read it). The pool fields describe
+    the cache the forward ran on, as the forward left it (requests it
     finished included, though their blocks are free again by the time the step returns):
     `held_blocks` of `num_blocks` are booked by some request, `needed_blocks` are what the K/V
     actually written (`kv_tokens` positions) fills, so held - needed is reservation waste and
@@ -103,17 +125,33 @@ class IterationOutcome:
     recomputed_tokens: int = 0
     cached_tokens: int = 0
     padded_tokens: int = 0
-    num_slots: int = 0
-    num_blocks: int = 0
-    block_size: int = 0
+    pool: PoolShape = field(default_factory=PoolShape)
     held_blocks: int = 0
     needed_blocks: int = 0
     kv_tokens: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
-    bytes_per_block: int = 0
-    num_swap_blocks: int = 0
     held_swap_blocks: int = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self.pool.num_slots
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.pool.bytes_per_block
+
+    @property
+    def num_swap_blocks(self) -> int:
+        return self.pool.num_swap_blocks
 
     def new_tokens(self, request_id: int) -> list[int]:
         """The tokens this step added to a request, in order (none if it added none)."""
@@ -132,14 +170,15 @@ class IterationOutcome:
 
 
 @dataclass(slots=True)
-class Sampled:
-    """What the sampler made of one step's logits: a token per sampling row whose logits were
-    finite (a list for a row with drafts: those kept, then the model's own), the logprobs of
-    those that asked, the requests that failed, with why, and each drafting row's proposed
-    and kept counts."""
+class StepResult:
+    """What the model runner made of one step (`ModelRunner.run`): a token per sampling row
+    whose logits were finite (a list for a row with drafts: those kept, then the model's own),
+    the logprobs of those that asked, the prompt logprobs the prefill rows scored, the
+    requests that failed, with why, and each drafting row's proposed and kept counts."""
 
     tokens: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
@@ -148,14 +187,11 @@ def build_outcome(
     iteration: int,
     decision: SchedulerOutput,
     finished: list[Request],
-    sampled: Sampled,
-    prompt_logprobs: dict[int, list[TokenLogprobs]],
-    *,
-    config: EngineConfig,
-    bytes_per_block: int,
+    result: StepResult,
+    pool: PoolShape,
 ) -> IterationOutcome:
-    """The step as the world sees it: the decision it carried out, what the sampler made of
-    the forward, and the requests that finished.
+    """The step as the world sees it: the decision it carried out, what the model runner made
+    of it, and the requests that finished.
 
     The pool numbers describe the forward: the blocks held while it ran and the K/V it left,
     finished requests included, whose blocks `update` has already given back.
@@ -164,11 +200,11 @@ def build_outcome(
     admitted = [request.request_id for request in decision.admitted]
     return IterationOutcome(
         iteration=iteration,
-        tokens=sampled.tokens,
-        drafts=sampled.drafts,
-        logprobs=sampled.logprobs,
-        prompt_logprobs=prompt_logprobs,
-        failed=sampled.failed,
+        tokens=result.tokens,
+        drafts=result.drafts,
+        logprobs=result.logprobs,
+        prompt_logprobs=result.prompt_logprobs,
+        failed=result.failed,
         finished=[request.request_id for request in finished],
         evicted=[request.request_id for request in decision.preempted],
         swapped_out=[request.request_id for request in decision.swapped_out],
@@ -188,15 +224,11 @@ def build_outcome(
         recomputed_tokens=sum(row.recomputed for row in rows),
         cached_tokens=sum(row.cached for row in rows),
         cached_prefix={row.request.request_id: row.cached for row in rows if row.cached},
-        num_slots=config.num_slots,
-        num_blocks=config.num_blocks,
-        block_size=config.block_size,
+        pool=pool,
         held_blocks=decision.held_blocks,
-        needed_blocks=sum(blocks_for_length(row.end_position, config.block_size) for row in rows),
+        needed_blocks=sum(blocks_for_length(row.end_position, pool.block_size) for row in rows),
         kv_tokens=sum(row.end_position for row in rows),
         blocks_swapped_out=len(decision.blocks_to_swap_out),
         blocks_swapped_in=len(decision.blocks_to_swap_in),
-        bytes_per_block=bytes_per_block,
-        num_swap_blocks=config.swap_blocks,
         held_swap_blocks=decision.held_swap_blocks,
     )

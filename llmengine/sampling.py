@@ -1,28 +1,22 @@
 """How a request turns logits into its next token.
 
-`sample_tokens` picks one token per row of a batch of logits (`sample_rows` does it for a
-step's scheduled rows); every seeded request draws from its own `torch.Generator`, and rows
-are sampled one at a time, so a seeded request gets the same tokens whatever else shares its
-batch. Every token stays on the logits' device until
-`sample_tokens` returns, which reads them all back in one transfer: on a GPU a step waits for
-the device once, not once per row (a top-p row alone waits once more, to cut its candidates).
-`SamplingParams` and the stop rule `finish_reason` live in `llmengine.params` (no tensors) and
-are re-exported here.
+`sample_tokens` picks one token per row of a batch of logits (`llmengine.runner.sampler` does
+it for a step's scheduled rows); every seeded request draws from its own `torch.Generator`,
+and rows are sampled one at a time, so a seeded request gets the same tokens whatever else
+shares its batch. Every token stays on the logits' device until `sample_tokens` returns, which
+reads them all back in one transfer: on a GPU a step waits for the device once, not once per
+row (a top-p row alone waits once more, to cut its candidates). `SamplingParams` and the stop
+rule `finish_reason` live in `llmengine.params` (no tensors) and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 
-from llmengine.outcome import Sampled, TokenLogprobs
+from llmengine.outcome import TokenLogprobs
 from llmengine.params import FinishReason, SamplingParams, finish_reason
-
-if TYPE_CHECKING:
-    from llmengine.scheduling.decision import ScheduledRow
-    from llmengine.structured.matchers import RequestGrammars
 
 # One row's tokens so far and how many of them are the prompt: what a penalty looks at.
 History = tuple[Sequence[int], int]
@@ -38,7 +32,6 @@ __all__ = [
     "draw_one",
     "finish_reason",
     "make_generator",
-    "sample_rows",
     "sample_tokens",
     "token_logprobs",
 ]
@@ -181,62 +174,3 @@ def sample_tokens(
         else:
             tokens[row : row + 1] = _sample_row(row_logits, row_params, generator)
     return tokens.tolist()
-
-
-def sample_rows(
-    rows: Sequence[ScheduledRow],
-    logits: torch.Tensor,
-    generators: Mapping[int, torch.Generator | None],
-    grammars: RequestGrammars | None = None,
-) -> Sampled:
-    """One token per sampling row of a step, each from its own request's parameters, history
-    and generator (by request id); the log-probabilities of those whose request asked; and
-    the requests whose logits were not finite, which get no token (a NaN or an infinity would
-    otherwise come out as some arbitrary token, and the text as garbage).
-
-    A prefill chunk that stops short of its request's last token is skipped: its logits
-    predict a token the request already has, and drawing for it would move the generator.
-    So is a row with drafts, which `llmengine.speculative.verify` checks.
-    A constrained request's row (`grammars`) has every token its grammar refuses set to -inf
-    before penalties, temperature, top-k and top-p, and its matcher moves past the token
-    drawn; its log-probabilities stay those of the raw logits.
-    """
-    sampled = Sampled()
-    sampling = [index for index, row in enumerate(rows) if row.samples and not row.draft_token_ids]
-    if not sampling:
-        return sampled
-    finite = torch.isfinite(logits[sampling]).all(dim=-1).tolist()
-    for index, ok in zip(sampling, finite, strict=True):
-        if not ok:
-            sampled.failed[rows[index].request.request_id] = "the model's logits were not finite"
-    indices = [index for index, ok in zip(sampling, finite, strict=True) if ok]
-    requests = [rows[index].request for index in indices]
-    raw = logits[indices]
-    logits = raw
-    allowed = None if grammars is None else grammars.allowed([r.request_id for r in requests])
-    if allowed is not None:
-        logits = raw.masked_fill(~allowed.to(raw.device), float("-inf"))
-        for request, ok in zip(requests, allowed.any(dim=-1).tolist(), strict=True):
-            if not ok:
-                sampled.failed[request.request_id] = "the grammar allows no token here"
-        keep = [
-            row for row, request in enumerate(requests) if request.request_id not in sampled.failed
-        ]
-        requests, raw, logits = [requests[row] for row in keep], raw[keep], logits[keep]
-    if not requests:
-        return sampled
-    tokens = sample_tokens(
-        logits,
-        [request.params for request in requests],
-        [generators[request.request_id] for request in requests],
-        [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
-    )
-    for row, (request, token) in enumerate(zip(requests, tokens, strict=True)):
-        sampled.tokens[request.request_id] = token
-        if grammars is not None:
-            grammars.accept(request.request_id, token)
-        if request.params.logprobs is not None:
-            sampled.logprobs[request.request_id] = token_logprobs(
-                raw[row], token, request.params.logprobs
-            )
-    return sampled

@@ -82,7 +82,7 @@ def decode_steps(model: llmengine.Llama, batch: int, prompt_len: int, max_tokens
             seconds.append(elapsed)
             kv_tokens.append(outcome.kv_tokens)
     weights = sum(w.numel() * w.element_size() for w in throughput.decode_weights(model))
-    kv_per_token = engine.cache.bytes_per_block / BLOCK_SIZE
+    kv_per_token = engine.runner.cache.bytes_per_block / BLOCK_SIZE
     step_s = statistics.median(seconds)
     return {
         "step_s": step_s,

@@ -1,4 +1,4 @@
-"""Time the decode step eager against its compiled graph, per bucket (`speed.decode_graph`).
+"""Time the decode step eager against its compiled graph, per bucket (`runner.graphs`).
 
 For the embedded model and the 25M random model (`HELD_OUT_CONFIG`), each in two fresh
 processes sharing one new inductor cache directory: the first start compiles every bucket
@@ -77,8 +77,11 @@ def load(name: str) -> torch.nn.Module:
 
 def worker(args: argparse.Namespace) -> dict[str, object]:
     """One process: build the graphs, and time them against eager when `args.time`."""
-    from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
-    from llmengine.speed.decode_graph import CPU_OPTIONS, DecodeGraphs, best_ms
+    from llmengine.kv.paged_cache import PagedKVCache
+    from llmengine.runner.attention import PagedRow
+    from llmengine.runner.forward import paged_forward
+    from llmengine.runner.graphs import CPU_OPTIONS, DecodeGraphs
+    from llmengine.runner.startup import best_ms
 
     torch.set_num_threads(args.threads)  # before compiling: inductor bakes it into its loops
     model = load(args.model)
@@ -88,7 +91,7 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
     scratch = cache.num_blocks - 1
     options = SETTINGS[args.setting] if args.setting else CPU_OPTIONS
     start = time.perf_counter()
-    graphs = DecodeGraphs(model, cache, scratch, buckets, options=options, keep_slower=True)
+    graphs = DecodeGraphs(model, cache, scratch, buckets, options=options)
     result: dict[str, object] = {
         "build_s": time.perf_counter() - start,
         "compile_s": graphs.compile_seconds,
@@ -149,7 +152,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     from llmengine.bench.throughput import cpu_model
-    from llmengine.speed.decode_graph import CPU_OPTIONS
+    from llmengine.runner.graphs import CPU_OPTIONS
 
     lines = [
         "# The decode step as one graph per bucket, against eager",

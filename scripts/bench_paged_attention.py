@@ -2,7 +2,7 @@
 models: eager (keys copied out of the pool position by position, then SDPA: what
 `paged_forward` does), the same compiled by inductor (what the decode graph did before it read
 in place), and `flex_attention` reading the pool in place through a block mask (what
-`llmengine.speed.decode_graph` does now).
+`llmengine.runner.graphs` does now).
 
 Each row owns its own blocks, scattered over the pool, and reads a random length between half
 the context and the context. Times are the fastest of interleaved rounds: the machine is shared.
@@ -21,15 +21,11 @@ import torch
 
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG
 from llmengine.bench.throughput import cpu_model
-from llmengine.kv.paged_cache import flat_indices
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import grouped_query_attention
-from llmengine.speed.decode_graph import (
-    best_ms,
-    block_mask_tensors,
-    paged_block_mask,
-    paged_decode_attention,
-)
+from llmengine.runner.attention import flat_indices
+from llmengine.runner.paged_flex import block_mask_tensors, paged_block_mask, paged_decode_attention
+from llmengine.runner.startup import best_ms
 
 ROWS = (1, 8, 32)
 CONTEXTS = (128, 512, 2048)

@@ -22,7 +22,7 @@ import torch
 import llmengine
 from llmengine.lessons.artifacts import markdown_table, write_report
 from llmengine.lessons.tensor_parallel import decode_step_ms, parameter_bytes, time_all_reduces
-from llmengine.parallel.sharding import Shard
+from llmengine.model.sharding import Shard
 
 
 def main() -> int:

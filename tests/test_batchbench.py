@@ -32,14 +32,13 @@ from llmengine.bench.workloads import (
     uniform_burst,
     with_arrivals,
 )
-from llmengine.outcome import IterationOutcome
+from llmengine.outcome import IterationOutcome, PoolShape
 from llmengine.sampling import SamplingParams
 
 
 def step(**fields: object) -> IterationOutcome:
     """An outcome of a 2-slot engine with block size 4; `rows` defaults to the tokens given."""
-    fields.setdefault("num_slots", 2)
-    fields.setdefault("block_size", 4)
+    fields.setdefault("pool", PoolShape(num_slots=2, block_size=4))
     fields.setdefault("rows", len(fields.get("tokens", {})))  # type: ignore[arg-type]
     return IterationOutcome(iteration=0, **fields)  # type: ignore[arg-type]
 
@@ -127,7 +126,7 @@ def test_percentiles() -> None:
 def two_kinds_of_victim_run() -> list[IterationOutcome]:
     """Three 3-token prompts, budget 3: r2 swapped out (2 blocks) in iteration 2, r1 evicted by
     recompute in iteration 3; r2 swaps back in iteration 4, r1 resumes in iteration 5."""
-    common = {"bytes_per_block": 100, "num_swap_blocks": 4}
+    common = {"pool": PoolShape(num_slots=2, block_size=4, bytes_per_block=100, num_swap_blocks=4)}
     return [
         step(tokens={0: 1, 1: 1, 2: 1}, admitted=[0, 1, 2], forward_tokens=9, **common),
         step(
@@ -368,7 +367,7 @@ class EveryoneEveryStep:
             finished=[r for r in live if self.generated[r] == self.budgets[r]],
             rows=len(live),
             forward_tokens=len(live),
-            num_slots=4,
+            pool=PoolShape(num_slots=4),
         )
 
 

@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 import llmengine
 from llmengine.cli import main
-from llmengine.model.loader import load_model
+from llmengine.runner.loading import load_model
 from llmengine.speed.compiled import CompiledLayers
 
 
@@ -28,7 +28,7 @@ def test_compiled_logits_match_transformers(tmp_path, layers):
     )
     positions = torch.arange(ids.shape[1])[None]
     with torch.inference_mode():
-        compiled = model.compute_logits(layers.forward_hidden(model, ids, positions))
+        compiled = model.compute_logits(model.forward_hidden(ids, positions, run_layer=layers))
         expected = hf(ids).logits
     assert (compiled - expected).abs().max().item() < 1e-4
 
@@ -38,7 +38,7 @@ def test_compiled_engine_generates_the_eager_tokens(model, layers):
     params = llmengine.SamplingParams(max_tokens=12, ignore_eos=True)
     eager = llmengine.Engine(model, num_blocks=24, num_slots=3).generate(prompts, params)
     engine = llmengine.Engine(model, num_blocks=24, num_slots=3)
-    engine.compiled_layers = layers
+    engine.runner.compiled_layers = layers
     assert engine.generate(prompts, params) == eager
 
 
@@ -46,7 +46,7 @@ def test_warm_up_compiles_every_size_once(model, layers):
     layers.warm_up(model)
     graphs = counters["stats"]["unique_graphs"]
     engine = llmengine.Engine(model, num_blocks=40, num_slots=8)
-    engine.compiled_layers = layers
+    engine.runner.compiled_layers = layers
     prompts = [[3] * length for length in (1, 4, 9, 17, 30)]
     engine.generate(prompts, llmengine.SamplingParams(max_tokens=20, ignore_eos=True))
     assert counters["stats"]["unique_graphs"] == graphs
@@ -54,9 +54,9 @@ def test_warm_up_compiles_every_size_once(model, layers):
 
 def test_engine_compile_flag_compiles_at_construction(model):
     engine = llmengine.Engine(model, num_blocks=8, compile=True)
-    assert engine.compiled_layers is not None
-    assert engine.compile_seconds > 0
-    assert llmengine.Engine(model, num_blocks=8).compiled_layers is None
+    assert engine.runner.compiled_layers is not None
+    assert engine.runner.compile_seconds > 0
+    assert llmengine.Engine(model, num_blocks=8).runner.compiled_layers is None
 
 
 def test_serve_takes_compile_to_the_engine(monkeypatch, capsys):

@@ -59,8 +59,10 @@ def test_logits_and_greedy_match_transformers_on_cuda(tmp_path: Path, overrides:
 
 def test_the_engine_lives_on_the_model_device(cuda_model) -> None:
     engine = engine_on(cuda_model, preemption="swap", swap_blocks=4)
-    assert {tensor.device.type for tensor in engine.cache.keys + engine.cache.values} == {"cuda"}
-    host = engine.cache.host_keys + engine.cache.host_values
+    assert {
+        tensor.device.type for tensor in engine.runner.cache.keys + engine.runner.cache.values
+    } == {"cuda"}
+    host = engine.runner.cache.host_keys + engine.runner.cache.host_values
     assert all(tensor.device.type == "cpu" and tensor.is_pinned() for tensor in host)
 
 
@@ -88,7 +90,7 @@ def test_seeded_sampling_on_cuda_repeats(cuda_model) -> None:
 def test_bfloat16_engine_matches_its_uncached_greedy() -> None:
     model = llmengine.load_model(device="cuda", dtype=torch.bfloat16)
     engine = engine_on(model)
-    assert engine.cache.keys[0].dtype == torch.bfloat16
+    assert engine.runner.cache.keys[0].dtype == torch.bfloat16
     prompt = prompts_for(2, 1, model.config.vocab_size)[0]
     steps = 8
     params = llmengine.SamplingParams(max_tokens=steps, ignore_eos=True)

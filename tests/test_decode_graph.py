@@ -14,13 +14,14 @@ import torch
 from torch._dynamo.utils import counters
 
 import llmengine
-import llmengine.speed.decode_graph as decode_graph
+import llmengine.runner.graphs as graphs_module
+import llmengine.runner.paged_flex as paged_flex
 from llmengine.bench.decode_step import random_llama
 from llmengine.engine import Engine
-from llmengine.kv.paged_cache import PagedRow
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import grouped_query_attention
-from llmengine.speed.decode_graph import buckets_for
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.graphs import buckets_for
 
 TINY = LlamaConfig.from_dict(
     {
@@ -48,11 +49,10 @@ POOL = {
 
 
 def quick_graphs() -> pytest.MonkeyPatch:
-    """Compile without GEMM autotuning, and keep every bucket's graph even where eager was
-    measured faster: these tests count graph uses and compare tokens, not speed."""
+    """Compile without GEMM autotuning: these tests count graph uses and compare tokens, not
+    speed (buckets named outright are kept whatever their speed)."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(decode_graph, "CPU_OPTIONS", {"freezing": True})
-    patch.setattr(decode_graph, "KEEP_SLOWER_GRAPHS", True)
+    patch.setattr(graphs_module, "CPU_OPTIONS", {"freezing": True})
     return patch
 
 
@@ -91,14 +91,14 @@ def run(engine: Engine, prompts, params) -> tuple[list[list[int]], list[int], in
     ids = engine.add_requests(prompts, params)
     used, preempted = [], 0
     while engine.has_unfinished():
-        before = engine.graph_steps
+        before = engine.runner.graph_steps
         outcome = engine.step()
         engine.check_integrity()
-        used.append(engine.graph_steps - before)
+        used.append(engine.runner.graph_steps - before)
         preempted += len(outcome.evicted)
         # The graph ran exactly when every row was a decode and some bucket held them.
         decode_only = outcome.prefill_rows == 0 and outcome.rows <= 4
-        assert used[-1] == (decode_only and engine.decode_graphs is not None)
+        assert used[-1] == (decode_only and engine.runner.graphs is not None)
     return [engine.release(i).output_token_ids for i in ids], used, preempted
 
 
@@ -122,7 +122,7 @@ def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
 
 def test_padding_rows_never_touch_real_rows(graph_engine):
     engine = graph_engine
-    cache, graphs = engine.cache, engine.decode_graphs
+    cache, graphs = engine.runner.cache, engine.runner.graphs
     for tensor in cache.keys + cache.values:
         tensor.normal_(generator=torch.Generator().manual_seed(0))
     before = [tensor.clone() for tensor in cache.keys + cache.values]
@@ -138,7 +138,7 @@ def test_padding_rows_never_touch_real_rows(graph_engine):
 
 def test_decode_inputs_pad_into_the_scratch_slot():
     rows = [PagedRow([9], 5, [2, 4]), PagedRow([8], 3, [6])]
-    tokens, positions, write, mask_tensors = decode_graph.decode_inputs(
+    tokens, positions, write, mask_tensors = paged_flex.decode_inputs(
         rows, 4, num_blocks=11, bucket=4, scratch_block=10, device=torch.device("cpu")
     )
     assert tokens.tolist() == [9, 8, 0, 0]
@@ -168,10 +168,10 @@ def test_paged_decode_attention_reads_the_gathered_keys():
     q = torch.randn(2, 1, 4, head_dim, generator=generator)
 
     def in_place(q, mask_tensors, keys, values):
-        block_mask = decode_graph.paged_block_mask(mask_tensors, keys.shape[0])
-        return decode_graph.paged_decode_attention(q, keys, values, block_mask)
+        block_mask = paged_flex.paged_block_mask(mask_tensors, keys.shape[0])
+        return paged_flex.paged_decode_attention(q, keys, values, block_mask)
 
-    tensors = decode_graph.block_mask_tensors(ends, tables, block_size)
+    tensors = paged_flex.block_mask_tensors(ends, tables, block_size)
     out = torch.compile(in_place, fullgraph=True)(q, tensors, keys, values)
     for row, end in enumerate(ends.tolist()):
         slots = [
@@ -197,9 +197,9 @@ def test_embedded_model_graph_gives_the_eager_tokens(model):
         engine = Engine(model, num_blocks=16, num_slots=2, decode_graph=(2,))
     finally:
         patch.undo()
-    assert engine.graph_compile_seconds > 0
+    assert engine.runner.graph_compile_seconds > 0
     assert engine.generate(prompts, params) == eager
-    assert engine.graph_steps > 0
+    assert engine.runner.graph_steps > 0
 
 
 def test_cli_takes_decode_graph_on_generate_serve_and_bench():

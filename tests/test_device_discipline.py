@@ -16,8 +16,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import llmengine
-from llmengine.engine import paged_row
-from llmengine.kv.paged_cache import GatheredAttention
+from llmengine.runner.attention import GatheredAttention
+from llmengine.runner.model_runner import paged_row
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens
 
 FACTORIES = {
@@ -82,7 +82,7 @@ def test_no_layer_reads_a_tensor_back_to_the_host(model: llmengine.Llama) -> Non
     decision = engine.scheduler.schedule()
     rows = [paged_row(row) for row in decision.rows]
     assert {len(row.token_ids) for row in rows} == {1, 3}
-    attention = GatheredAttention(engine.cache, rows)
+    attention = GatheredAttention(engine.runner.cache, rows)
     input_ids = torch.tensor([[token for row in rows for token in row.token_ids]])
     with DeviceCalls() as calls:
         model.forward_hidden(input_ids, attention.positions, attention)

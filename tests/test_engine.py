@@ -11,8 +11,8 @@ from engine_runs import prompts_for, run_checked
 from hf_llama import hf_greedy, save_random_llama
 
 import llmengine
-from llmengine import engine as engine_module
 from llmengine.engine import Engine
+from llmengine.runner import model_runner as runner_module
 from llmengine.sampling import SamplingParams
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
@@ -77,13 +77,13 @@ def test_resumed_request_prefills_prompt_plus_everything_it_generated(
 ) -> None:
     """Fails if a resume restarts from the prompt or re-prefills only the prompt (Day 33)."""
     seen: list[list] = []
-    real_forward = engine_module.paged_forward
+    real_forward = runner_module.paged_forward
 
-    def recording_forward(model, cache, rows, steps=None):  # noqa: ANN001, ANN202
+    def recording_forward(model, cache, rows, *rest):  # noqa: ANN001, ANN202
         seen.append([(list(row.token_ids), row.start_position) for row in rows])
-        return real_forward(model, cache, rows, steps)
+        return real_forward(model, cache, rows, *rest)
 
-    monkeypatch.setattr(engine_module, "paged_forward", recording_forward)
+    monkeypatch.setattr(runner_module, "paged_forward", recording_forward)
     engine = Engine(model, num_blocks=8, block_size=4, num_slots=4)
     prompts = prompts_for(4, 4, model.config.vocab_size, low=5, high=5)
     ids = [engine.add_request(p, GREEDY) for p in prompts]

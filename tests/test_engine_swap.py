@@ -273,7 +273,7 @@ def test_on_cuda_the_swap_space_is_pinned_and_swap_gives_the_same_text(checkpoin
     engine = Engine(
         cuda_model, num_blocks=9, block_size=4, num_slots=6, preemption="swap", swap_blocks=64
     )
-    host = engine.cache.host_keys + engine.cache.host_values
+    host = engine.runner.cache.host_keys + engine.runner.cache.host_values
     assert all(tensor.device.type == "cpu" and tensor.is_pinned() for tensor in host)
     prompts = prompts_for(0, 6, cuda_model.config.vocab_size)
     outputs, outcomes = run_recorded(engine, prompts, GREEDY)

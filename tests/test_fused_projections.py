@@ -8,7 +8,7 @@ from hf_llama import save_random_llama
 
 from llmengine.bench.throughput import operator_counts
 from llmengine.model.llama import MLP, Attention, Llama
-from llmengine.model.loader import load_model
+from llmengine.runner.loading import load_model
 from llmengine.speed.kernels import (
     PACKED_ROWS,
     ChosenKernels,

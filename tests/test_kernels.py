@@ -10,7 +10,7 @@ from hf_llama import save_random_llama
 
 import llmengine
 from llmengine.bench.throughput import operator_counts
-from llmengine.model.loader import load_model
+from llmengine.runner.loading import load_model
 from llmengine.speed.kernels import (
     KERNELS,
     MARGIN,
@@ -153,7 +153,11 @@ def test_a_converted_model_is_measured_again_for_its_dtype(measured_and_eager):
     prepared = prepare_for_speed(model.eval().requires_grad_(False))
     prepared.to(torch.bfloat16)
     assert prepared.kernels == "measured"
-    assert {m.dtype for m in prepared.kernel_measurements().values()} == {torch.bfloat16}
+    # Measured for bfloat16 where this CPU has a bfloat16 kernel beside F.linear (oneDNN's
+    # needs AVX512_BF16 or AMX); with none, there is nothing to choose and nothing measured.
+    has_choice = len(candidates_for(prepared.output_head.weight)) > 1
+    expected = {torch.bfloat16} if has_choice else set()
+    assert {m.dtype for m in prepared.kernel_measurements().values()} == expected
 
 
 def test_embedded_greedy_text_is_the_same_with_every_kernel_preparation():

@@ -15,15 +15,11 @@ import torch
 from llmengine.bench.decode_step import random_llama
 from llmengine.kv.blocks import BlockPool, blocks_for_length
 from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.kv.paged_cache import (
-    GatheredAttention,
-    PagedKVCache,
-    PagedRow,
-    flat_indices,
-    paged_forward,
-)
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.config import Llama3RopeScaling, LlamaConfig
 from llmengine.model.llama import Llama, causal_mask, grouped_query_attention
+from llmengine.runner.attention import GatheredAttention, PagedRow, flat_indices
+from llmengine.runner.forward import paged_forward
 
 VOCAB = 61
 

@@ -1,12 +1,14 @@
 """The package's layers, checked by reading every module's imports (AST, nothing executed).
 
 The serving core sits in `llmengine/` itself and its sub-packages by role (`model`, `speed`,
-`kv`, `scheduling`, `parallel`); `llmengine.bench`, `llmengine.lessons` and `llmengine.server`
-sit above it. Dependencies point one way: the core imports no outer layer
-and no plotting, dataframe or transformers library at module level, the bench layer imports
-neither the lessons nor the server, and the server imports neither the bench nor the
-lessons. The front door (`__init__`, `__main__`, the `cli` package) may reach the outer
-layers, but only lazily, so that `import llmengine` stays the core alone.
+`kv`, `scheduling`, `structured`, `speculative`, `runner`, `parallel`); `llmengine.bench`,
+`llmengine.lessons` and `llmengine.server` sit above it. Dependencies point one way: the core
+imports no outer layer and no plotting, dataframe or transformers library at module level,
+the bench layer imports neither the lessons nor the server, and the server imports neither
+the bench nor the lessons. Inside the core, `CORE_LAYERS` orders the packages and no module
+imports from a layer above its own. The front door (`__init__`, `__main__`, the `cli`
+package) may reach the outer layers, but only lazily, so that `import llmengine` stays the
+core alone.
 """
 
 from __future__ import annotations
@@ -21,7 +23,26 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "llmengine"
 OUTER_LAYERS = ("bench", "lessons", "server")
 FRONT_DOOR = {"__init__", "__main__", "cli"}
-CORE_PACKAGES = ("model", "speed", "kv", "scheduling", "parallel", "structured", "speculative")
+CORE_PACKAGES = (
+    "model", "speed", "kv", "scheduling", "parallel", "structured", "speculative", "runner",
+)  # fmt: skip
+# The core's own layers, lowest first: a module imports only from its own layer or below.
+# `*` stands for every module of a package; a name alone is one module. The integer side
+# (requests, blocks, the scheduler's decisions) sits at the bottom and knows no tensor; the
+# model knows nothing of speed, caches or scheduling; one model runner sits above everything
+# a forward needs, the engine above it, tensor parallelism above the engine.
+CORE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("params", "engine_config", "outcome", "structured.constraint", "kv.blocks",
+     "kv.prefix_cache", "scheduling.*"),
+    ("model.*",),
+    ("speed.*",),
+    ("kv.*",),
+    ("structured.*", "sampling", "generation", "prompt_logprobs"),
+    ("speculative.*",),
+    ("runner.*",),
+    ("engine",),
+    ("parallel.*",),
+)  # fmt: skip
 HEAVY_FOR_CORE = ("matplotlib", "pandas", "transformers")
 
 
@@ -95,6 +116,68 @@ def test_imports_point_one_way(path: Path) -> None:
             assert outer not in ("lessons", "server"), f"bench/{path.name} imports {module}"
         elif layer == "server":
             assert outer not in ("bench", "lessons"), f"server/{path.name} imports {module}"
+
+
+def core_layer_of(module: str) -> int:
+    """The index in `CORE_LAYERS` of a core module named `a.b` (relative to `llmengine`); a
+    module named outright wins over its package's `*`."""
+    package = module.split(".")[0] + ".*"
+    for wanted in (module, package):
+        for index, layer in enumerate(CORE_LAYERS):
+            if wanted in layer:
+                return index
+    raise AssertionError(f"llmengine.{module} is in no core layer: add it to CORE_LAYERS")
+
+
+def core_name(path: Path) -> str | None:
+    """`runner.sampler` for llmengine/runner/sampler.py; None outside the core or for a
+    package's `__init__` (which only gathers its package's names)."""
+    if layer_of(path) != "core" or path.stem == "__init__":
+        return None
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+def upward_imports(path: Path, name: str) -> list[str]:
+    """The core modules that the module `name` (its source at `path`) imports from a layer
+    above its own."""
+    own, found = core_layer_of(name), []
+    for module, _ in imports_of(path, type_checking=True):
+        parts = module.split(".")
+        if parts[0] != "llmengine" or len(parts) < 2 or parts[1] in OUTER_LAYERS:
+            continue
+        if len(parts) == 2 and (PACKAGE / parts[1]).is_dir():
+            continue  # a package's __init__: the names it gathers are checked where they live
+        if core_layer_of(".".join(parts[1:])) > own:
+            found.append(module)
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in MODULES if core_name(p)], ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_no_core_import_runs_from_a_lower_layer_to_a_higher_one(path: Path) -> None:
+    name = core_name(path)
+    assert upward_imports(path, name) == [], f"{name} imports from a layer above it"
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: a model module that imported the runner, or the KV storage that
+    imported the engine, is caught; one that imports below it is not."""
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "from llmengine.model.config import LlamaConfig\n"
+        "if True:\n"
+        "    from llmengine.runner.forward import paged_forward\n"
+        "def later():\n"
+        "    import llmengine.engine\n"
+    )
+    assert upward_imports(source, "model.loader") == [
+        "llmengine.runner.forward",
+        "llmengine.engine",
+    ]
+    assert upward_imports(source, "parallel.engine") == []
+    with pytest.raises(AssertionError, match="no core layer"):
+        core_layer_of("nowhere.module")
 
 
 def test_the_scheduler_side_knows_no_tensors() -> None:

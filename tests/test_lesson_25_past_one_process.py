@@ -24,7 +24,7 @@ from llmengine.lessons.tensor_parallel import (
     slices_make_the_whole,
 )
 from llmengine.model.config import LlamaConfig
-from llmengine.parallel.sharding import Shard
+from llmengine.model.sharding import Shard
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "lessons" / "25-past-one-process.ipynb"

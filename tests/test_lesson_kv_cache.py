@@ -17,13 +17,14 @@ from llmengine.bench.decode_step import prepare_decode_steps, random_llama, time
 from llmengine.generation import generate_tokens
 from llmengine.kv.blocks import BlockTable, blocks_for_length
 from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.kv.paged_cache import PagedKVCache, flat_indices
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.lessons.cached_generation import generate_greedy_contiguous
 from llmengine.lessons.forward_log import ForwardLog
 from llmengine.lessons.fragmentation import kv_bytes_per_position, measure_tail_waste
 from llmengine.lessons.paged_walkthrough import PagedWalkthrough
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
+from llmengine.runner.attention import flat_indices
 from llmengine.sampling import SamplingParams
 
 TINY = LlamaConfig(

@@ -13,8 +13,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from llmengine.model.config import LlamaConfig
-from llmengine.model.loader import load_model, resolve_device
+from llmengine.model.loader import resolve_device
 from llmengine.model.tokenizer import load_tokenizer
+from llmengine.runner.loading import load_model
 
 BASE = {
     "model_type": "llama",

@@ -13,7 +13,8 @@ from hf_llama import (
     to_old_rope_layout,
 )
 
-from llmengine.model.loader import embedded_model_path, load_model
+from llmengine.model.loader import embedded_model_path
+from llmengine.runner.loading import load_model
 
 CASES = {
     "mha-1-layer": {"num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1},

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import llmengine
 from llmengine.bench.precision import held_out_ids
 from llmengine.cli import main
-from llmengine.model.loader import load_model
+from llmengine.runner.loading import load_model
 from llmengine.speed.prepare import PreparedLlama, products
 from llmengine.speed.quantization import Int8Weight
 

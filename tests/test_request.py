@@ -8,9 +8,12 @@ from llmengine.sampling import SamplingParams
 from llmengine.scheduling.request import TRANSITIONS, IllegalTransition, Request, RequestState
 
 
-def make(max_tokens: int = 4, **kwargs: object) -> Request:
+def make(max_tokens: int = 4, eos_token_ids: tuple[int, ...] = (), **kwargs: object) -> Request:
     params = SamplingParams(max_tokens=max_tokens, **kwargs)
-    return Request(request_id=0, prompt_token_ids=[1, 2, 3], params=params, arrival=0, block_size=4)
+    return Request(
+        request_id=0, prompt_token_ids=[1, 2, 3], params=params, arrival=0, block_size=4,
+        eos_token_ids=eos_token_ids,
+    )  # fmt: skip
 
 
 def test_legal_run_through_the_table() -> None:
@@ -47,8 +50,8 @@ def test_every_state_is_in_the_table_and_terminal_states_have_no_exit() -> None:
 def test_finish_reasons() -> None:
     assert make(max_tokens=1).append_token(5) == "length"
     assert make(stop_token_ids=(9,)).append_token(9) == "stop"
-    assert make().append_token(2, eos_token_ids=(2,)) == "eos"
-    assert make(ignore_eos=True).append_token(2, eos_token_ids=(2,)) is None
+    assert make(eos_token_ids=(2,)).append_token(2) == "eos"
+    assert make(eos_token_ids=(2,), ignore_eos=True).append_token(2) is None
     request = make()
     assert request.append_token(5) is None and request.token_ids == [1, 2, 3, 5]
 

@@ -21,7 +21,7 @@ from server_helpers import MODEL_NAME, TIMEOUT, Served, served, sse_payloads, wa
 from test_server_errors import assert_error
 
 import llmengine
-import llmengine.engine as engine_module
+import llmengine.runner.model_runner as runner_module
 from llmengine.bench.http_client import free_port, wait_for_health
 from llmengine.server.engine_loop import EngineLoop
 
@@ -75,7 +75,7 @@ def test_a_fault_delivering_one_request_fails_that_request_alone(
 def test_non_finite_logits_fail_their_request_and_spare_the_others(
     fresh: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine_module.paged_forward
+    real = runner_module.paged_forward
     poisoned: list[bool] = []
 
     def forward(model, cache, rows, *args, **kwargs):
@@ -91,7 +91,7 @@ def test_non_finite_logits_fail_their_request_and_spare_the_others(
     def run(index: int) -> None:
         results[index] = stream_payloads(fresh.url, LONG)
 
-    monkeypatch.setattr(engine_module, "paged_forward", forward)
+    monkeypatch.setattr(runner_module, "paged_forward", forward)
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for thread in threads:
         thread.start()

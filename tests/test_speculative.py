@@ -13,6 +13,7 @@ from hf_llama import save_random_llama
 
 import llmengine
 from llmengine import Engine, SamplingParams
+from llmengine.scheduling.request import Request
 from llmengine.speculative.ngram import propose_ngram
 from llmengine.speculative.verify import can_speculate, cut_at_finish, verify_drafts
 
@@ -59,10 +60,19 @@ def test_greedy_keeps_the_drafts_the_argmax_agrees_with_then_adds_its_own() -> N
 
 def test_the_finishing_token_ends_what_is_kept() -> None:
     params = SamplingParams(max_tokens=10, stop_token_ids=(4,))
-    assert cut_at_finish([1, 4, 2], params, 0, ()) == [1, 4]
-    assert cut_at_finish([1, 2, 3], params, 0, (2,)) == [1, 2]
-    assert cut_at_finish([1, 2, 3], params, 8, ()) == [1, 2]  # the 10th token is the last
-    assert cut_at_finish([1, 2, 3], params, 0, ()) == [1, 2, 3]
+
+    def request(generated: int, eos: tuple[int, ...] = ()) -> Request:
+        made = Request(
+            request_id=0, prompt_token_ids=[9], params=params, arrival=0, block_size=4,
+            eos_token_ids=eos,
+        )  # fmt: skip
+        made.token_ids += [9] * generated
+        return made
+
+    assert cut_at_finish([1, 4, 2], request(0)) == [1, 4]
+    assert cut_at_finish([1, 2, 3], request(0, (2,))) == [1, 2]
+    assert cut_at_finish([1, 2, 3], request(8)) == [1, 2]  # the 10th token is the last
+    assert cut_at_finish([1, 2, 3], request(0)) == [1, 2, 3]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from llmengine.bench.workloads import (
     with_budgets,
 )
 from llmengine.engine import Engine
-from llmengine.outcome import IterationOutcome
+from llmengine.outcome import IterationOutcome, PoolShape
 from llmengine.sampling import SamplingParams
 
 
@@ -59,7 +59,7 @@ def test_padding_fraction_counts_positions_kept_only_for_the_shape() -> None:
         ),
     ]
     for outcome in outcomes:
-        outcome.num_slots = 2
+        outcome.pool = PoolShape(num_slots=2)
     timing = ContinuousTiming.from_outcomes(outcomes)
     assert timing.padded_tokens == [1, 1, 1]
     assert timing.padding_fraction == pytest.approx(3 / (7 + 3))

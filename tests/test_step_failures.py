@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import llmengine
-import llmengine.engine as engine_module
+import llmengine.runner.model_runner as runner_module
 from llmengine.engine import Engine
 
 PROMPTS = [[1, 5, 9, 13], [2, 7], [3, 4, 8, 6, 10], [11, 12, 14]]
@@ -17,7 +17,7 @@ PARAMS = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
 
 def poisoned_forward(poisoned_step: int, row: int, value: float):
     """`paged_forward` that writes `value` into one row's logits at one step."""
-    real = engine_module.paged_forward
+    real = runner_module.paged_forward
     calls = {"count": 0}
 
     def forward(*args, **kwargs) -> torch.Tensor:
@@ -36,7 +36,7 @@ def test_non_finite_logits_fail_only_their_request(model, monkeypatch, value) ->
     engine = Engine(model, num_blocks=32, num_slots=4)
     ids = engine.add_requests(PROMPTS, [PARAMS] * len(PROMPTS))
     # Step 3 is a decode of all four rows; row 1 is request ids[1].
-    monkeypatch.setattr(engine_module, "paged_forward", poisoned_forward(3, 1, value))
+    monkeypatch.setattr(runner_module, "paged_forward", poisoned_forward(3, 1, value))
     failed: dict[int, str] = {}
     while engine.has_unfinished():
         outcome = engine.step()

@@ -100,7 +100,8 @@ def test_each_kind_of_constraint_gives_output_in_its_language(model, tokenizer, 
         for tokens in run(engine, prompts, [params] * len(prompts)):
             assert tokens[-1] in model.config.eos_token_ids  # the grammar closed, then ended
             check_matches(constraint, text_of(tokenizer, tokens))
-    assert engine.grammars.num_masks > 0 and engine.grammars.mask_seconds > 0
+    grammars = engine.runner.sampler.grammars
+    assert grammars.num_masks > 0 and grammars.mask_seconds > 0
 
 
 def test_any_json_object_lets_the_model_write_one_key_for_ever(model, tokenizer, prompts) -> None:
@@ -119,14 +120,14 @@ def test_any_json_object_lets_the_model_write_one_key_for_ever(model, tokenizer,
 
 def test_the_mask_allows_exactly_the_grammars_next_tokens(model, tokenizer) -> None:
     engine = Engine(model, num_blocks=8, tokenizer=tokenizer)
-    engine.grammars.add(7, SamplingParams(constraint=Constraint.choice(CHOICES)))
-    allowed = engine.grammars.allowed([3, 7])
+    engine.runner.sampler.grammars.add(7, SamplingParams(constraint=Constraint.choice(CHOICES)))
+    allowed = engine.runner.sampler.grammars.allowed([3, 7])
     assert allowed.shape == (2, model.config.vocab_size)
     assert allowed[0].all()  # an unconstrained row keeps every token
     texts = [tokenizer.decode([token]) for token in allowed[1].nonzero().flatten().tolist()]
     assert texts and all(any(o.startswith(t) for o in CHOICES) for t in texts)
     assert {"y", "n", "p"} <= {text[0] for text in texts}
-    assert engine.grammars.allowed([3]) is None
+    assert engine.runner.sampler.grammars.allowed([3]) is None
 
 
 def test_requests_without_a_constraint_are_unchanged(model, tokenizer, prompts) -> None:
@@ -188,10 +189,13 @@ def test_an_aborted_request_lets_go_of_its_matcher(model, tokenizer, prompts) ->
     request_id = engine.add_request(prompts[0], params)
     engine.step()
     engine.step()
-    assert engine.grammars.is_constrained(request_id)
+    assert engine.runner.sampler.grammars.is_constrained(request_id)
     engine.abort(request_id)
-    assert not engine.grammars.is_constrained(request_id)
     assert not engine.has_unfinished()
+    # The next decision names the requests done since the last, and the runner lets go.
+    engine.add_request(prompts[1], SamplingParams(max_tokens=1))
+    engine.step()
+    assert not engine.runner.sampler.grammars.is_constrained(request_id)
 
 
 def test_a_constraint_that_does_not_compile_is_refused_before_anything_is_queued(
@@ -216,7 +220,7 @@ def test_each_distinct_constraint_is_compiled_once(model, tokenizer, prompts) ->
     engine = Engine(model, num_blocks=64, tokenizer=tokenizer)
     same = [Constraint.json_schema(PERSON), Constraint.json_schema(dict(PERSON))]
     run(engine, prompts[:2], [SamplingParams(max_tokens=BUDGET, constraint=c) for c in same])
-    assert engine.grammars.compiler.num_compiled == 1
+    assert engine.runner.sampler.grammars.compiler.num_compiled == 1
 
 
 @pytest.mark.parametrize(

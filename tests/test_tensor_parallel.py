@@ -24,9 +24,10 @@ import llmengine
 from llmengine.bench.http_client import free_port, wait_for_health
 from llmengine.cli import main
 from llmengine.model.config import LlamaConfig
+from llmengine.model.sharding import Shard, local_config, read_shard, split_dim
 from llmengine.parallel.cluster import Cluster
 from llmengine.parallel.engine import start_tensor_parallel
-from llmengine.parallel.sharding import Shard, local_config, read_shard, split_dim
+from llmengine.speculative.draft import save_self_draft
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 40)), [5] * 9]
@@ -139,18 +140,28 @@ def test_seeds_caching_chunking_and_swap_work_unchanged_across_ranks(gqa_untied:
     assert two_ranks(gqa_untied, prompts, params, **options) == expected
 
 
-def test_prompt_lookup_speculation_keeps_the_text_across_ranks(gqa_untied: Path) -> None:
-    """Drafts ride on the rows every rank computes; a draft model is refused (the workers
-    would get the rows before its guesses)."""
+def test_speculation_compiling_and_decode_graphs_keep_the_text_across_ranks(
+    gqa_untied: Path, tmp_path: Path
+) -> None:
+    """Every rank runs the same model runner: drafts by prompt lookup ride on the rows every
+    rank computes, a draft model guesses whole on rank 0 before the plan goes out, and the
+    compiled halves and decode graphs run the all-reduces inside them."""
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 5, 6, 5]]
     greedy = llmengine.SamplingParams(max_tokens=16, ignore_eos=True)
     options = {"num_blocks": 32, "block_size": 4, "num_slots": 2}
     expected = single_process(gqa_untied, prompts, greedy, **options)
-    speculating = {**options, "speculative": "ngram", "num_speculative_tokens": 3}
-    assert two_ranks(gqa_untied, prompts, greedy, **speculating) == expected
-    with pytest.raises(ValueError, match="prompt lookup only"):
-        start_tensor_parallel(gqa_untied, tensor_parallel_size=2, num_blocks=8,
-                              speculative=str(gqa_untied))  # fmt: skip
+    draft = save_self_draft(gqa_untied, tmp_path / "draft", num_layers=1)
+    for extra in (
+        {"speculative": "ngram", "num_speculative_tokens": 3},
+        {"speculative": str(draft), "num_speculative_tokens": 2},
+        {"compile": True},
+        {"decode_graph": (1, 2)},
+    ):
+        with start_tensor_parallel(gqa_untied, tensor_parallel_size=2, **RUN, **options,
+                                   **extra) as engine:  # fmt: skip
+            assert engine.generate(prompts, greedy) == expected, extra
+            if "decode_graph" in extra:
+                assert engine.runner.graph_steps > 0
 
 
 def test_a_rank_that_dies_makes_the_engine_raise_in_bounded_time(gqa_untied: Path) -> None:

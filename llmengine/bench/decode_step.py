@@ -21,9 +21,11 @@ from torch import nn
 
 from llmengine.kv.blocks import blocks_for_length
 from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
-from llmengine.kv.paged_cache import PagedKVCache, PagedRow, flat_indices, paged_forward
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
+from llmengine.runner.attention import PagedRow, flat_indices
+from llmengine.runner.forward import paged_forward
 
 # A ~30M-parameter Llama shape (random weights): large enough that matrix work, not Python,
 # dominates a step on a CPU; small enough to build in a second. Written in config.json terms

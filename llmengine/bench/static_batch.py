@@ -31,7 +31,7 @@ from llmengine.bench.timing import Arrival
 from llmengine.bench.workloads import RequestSpec
 from llmengine.kv.contiguous_cache import ContiguousKVCache, contiguous_forward
 from llmengine.model.llama import Llama
-from llmengine.outcome import IterationOutcome
+from llmengine.outcome import IterationOutcome, PoolShape
 from llmengine.sampling import finish_reason, make_generator, sample_tokens
 
 PAD_TOKEN_ID = 0  # any id works: no real position ever attends to a pad position
@@ -105,6 +105,7 @@ def run_rectangle(
         device=parameter.device,
     )
     generators = [make_generator(spec.params, parameter.device) for spec in specs]
+    pool = PoolShape(num_slots=num_slots)
     rectangle = [prompt + [PAD_TOKEN_ID] * (width - len(prompt)) for prompt in prompts]
     logits = contiguous_forward(model, cache, torch.tensor(rectangle, device=parameter.device))
     last_real = torch.tensor([len(prompt) - 1 for prompt in prompts], device=parameter.device)
@@ -125,7 +126,7 @@ def run_rectangle(
             admitted=list(batch) if prefill else [],
             forward_tokens=forward_tokens,
             padded_tokens=padded_tokens,
-            num_slots=num_slots,
+            pool=pool,
         )
         sampled = sample_tokens(
             next_logits[live],

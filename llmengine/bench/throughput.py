@@ -66,7 +66,7 @@ def load_both(path: str | Path) -> tuple[Llama, transformers.LlamaForCausalLM]:
     """The checkpoint in `path` loaded twice: by llmengine, and by transformers (float32, eval)."""
     import transformers
 
-    from llmengine.model.loader import load_model
+    from llmengine.runner.loading import load_model
 
     reference = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
     return load_model(path), reference.eval().requires_grad_(False)

@@ -194,7 +194,8 @@ def time_steps(
 ) -> StepTimes:
     """Run `prompts` together, timing every step; keep the decode steps in which every prompt
     still had a row. The engine's `mask_seconds` and `num_masks` are read before and after."""
-    mask_seconds, num_masks = engine.grammars.mask_seconds, engine.grammars.num_masks
+    grammars = engine.runner.sampler.grammars
+    mask_seconds, num_masks = grammars.mask_seconds, grammars.num_masks
     engine.add_requests([list(prompt) for prompt in prompts], params)
     kept, first = [], True
     while engine.has_unfinished():
@@ -210,8 +211,8 @@ def time_steps(
         rows=len(prompts),
         steps=len(kept),
         step_ms=sum(kept) / len(kept) * 1e3 if kept else float("nan"),
-        mask_seconds=engine.grammars.mask_seconds - mask_seconds,
-        num_masks=engine.grammars.num_masks - num_masks,
+        mask_seconds=grammars.mask_seconds - mask_seconds,
+        num_masks=grammars.num_masks - num_masks,
     )
 
 

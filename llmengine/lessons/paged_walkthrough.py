@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from llmengine.kv.blocks import BlockPool, BlockTable, blocks_for_length
-from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.forward import paged_forward
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

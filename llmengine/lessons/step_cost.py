@@ -26,9 +26,11 @@ import torch.nn.functional as F
 from llmengine.bench.decode_step import prepare_decode_steps
 from llmengine.bench.throughput import matrix_product_seconds, operator_counts
 from llmengine.kv.blocks import blocks_for_length
-from llmengine.kv.paged_cache import PagedKVCache, PagedRow, paged_forward
+from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.forward import paged_forward
 from llmengine.speed.kernels import PackedWeight
 from llmengine.speed.prepare import products
 

@@ -21,8 +21,8 @@ from safetensors import safe_open
 
 import llmengine
 from llmengine.model.config import LlamaConfig
+from llmengine.model.sharding import COLUMN, ROW, Shard, check_divisible, read_shard, split_dim
 from llmengine.parallel.cluster import Cluster
-from llmengine.parallel.sharding import COLUMN, ROW, Shard, check_divisible, read_shard, split_dim
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -11,6 +11,7 @@ without changing what it computes; this file reads the same without it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -154,7 +155,10 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)).
 
-    Only attention mixes positions; everything else treats each position on its own.
+    Only attention mixes positions; everything else treats each position on its own. The
+    block reads as two halves around attention, `before_attention` and `after_attention`,
+    because that is where a compiler may take it apart: the halves see one position at a
+    time, attention sees a cache (`llmengine.speed.compiled`).
     """
 
     def __init__(self, config: LlamaConfig, layer_index: int) -> None:
@@ -164,6 +168,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    def before_attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, then the rotated queries, keys and values."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """From attention's output `[B, S, heads, head_dim]` on: output projection and
+        residual, then norm, MLP and residual."""
+        x = x + self.self_attn.o_proj(attended.flatten(2))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -171,8 +187,14 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         attention: AttentionHook | None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        q, k, v = self.before_attention(x, cos, sin)
+        return self.after_attention(x, self.self_attn.attend(q, k, v, attention))
+
+
+# How `Llama.forward_hidden` runs one layer: the layer itself, or its halves compiled.
+LayerRunner = Callable[
+    [DecoderLayer, torch.Tensor, torch.Tensor, torch.Tensor, AttentionHook | None], torch.Tensor
+]
 
 
 class Llama(nn.Module):
@@ -206,16 +228,18 @@ class Llama(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         attention: AttentionHook | None = None,
+        run_layer: LayerRunner = DecoderLayer.__call__,
     ) -> torch.Tensor:
         """Final normed hidden states `[B, S, hidden]` for tokens at the given positions.
 
         `positions` `[B, S]` drives the rotary angles, so each row may start anywhere.
         `attention` decides what the new queries see; None means causal over `input_ids`.
+        `run_layer` runs each layer (the layer's own call unless a compiler says otherwise).
         """
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, attention)
+            x = run_layer(layer, x, cos, sin, attention)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

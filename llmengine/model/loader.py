@@ -1,8 +1,11 @@
-"""Load a Hugging Face Llama checkpoint (safetensors, single file or sharded) into `Llama`.
+"""Read a Hugging Face Llama checkpoint (safetensors, single file or sharded) into `Llama`.
 
 The model is built on the meta device (shapes, no memory, no initialisation), every tensor
 name and shape in the checkpoint is checked against it, and only then are the tensors read
 and assigned. A broken checkpoint therefore raises before anything is half-loaded.
+
+What comes out is the plain model of `llmengine.model.llama`; making it fast is the model
+runner's business (`llmengine.runner.loading.load_model` prepares it after reading).
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from llmengine.model.config import DTYPES, LlamaConfig
 from llmengine.model.llama import Llama
-from llmengine.parallel.sharding import Shard, local_config, read_shard
-from llmengine.speed.prepare import PreparedLlama, prepare_for_speed
-from llmengine.speed.projections import check_preparation
+from llmengine.model.sharding import Shard, local_config, read_shard
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -39,34 +40,24 @@ def model_folder(path: str | Path | None) -> Path:
     return folder
 
 
-def load_model(
+def load_checkpoint(
     path: str | Path | None = None,
     *,
     dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
-    kernels: str = "measured",
-    quantization: str | None = None,
     shard: Shard | None = None,
-) -> PreparedLlama:
-    """Load a Llama checkpoint folder, in eval mode with gradients off, prepared for speed
-    (`llmengine.speed.prepare.prepare_for_speed`: projections fused, and each product's kernel
-    chosen for each row count: `"measured"` on this machine, the default; `"packed"`, MKL's packed
-    copy for 4 to 48 rows without measuring; `"eager"`, plain `F.linear`).
-    `quantization="int8"` multiplies by int8 copies of the weights instead (weight-only, one
-    scale per output channel; CPU only: `llmengine.speed.quantization`).
+) -> Llama:
+    """Read a Llama checkpoint folder into a plain `Llama`, in eval mode with gradients off.
 
     `dtype`: None means float32, "auto" the checkpoint's own dtype, else a torch dtype
     or its name ("float32", "bfloat16", "float16"). `device` is where the weights go
     ("cpu", "cuda", "cuda:1", ...); one this machine does not have raises ValueError before
     anything is read.
 
-    `shard` loads one rank's slice for tensor parallelism (`llmengine.parallel.sharding`):
+    `shard` reads one rank's slice for tensor parallelism (`llmengine.model.sharding`):
     every tensor is checked against the whole model, and only this rank's part is read.
     """
-    check_preparation(kernels, quantization)
     target_device = resolve_device(device)
-    if quantization is not None and target_device.type != "cpu":
-        raise ValueError(f"{quantization} quantization runs on the CPU only, not {device}")
     folder = model_folder(path)
     config = LlamaConfig.from_file(folder / "config.json")
     target_dtype = resolve_dtype(dtype, config)
@@ -83,7 +74,7 @@ def load_model(
     }
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
-    return prepare_for_speed(model.to(target_device).eval(), kernels, quantization)
+    return model.to(target_device).eval()
 
 
 class SkipInitialisation(TorchFunctionMode):
@@ -104,7 +95,7 @@ class SkipInitialisation(TorchFunctionMode):
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """Turn the `device` argument of `load_model` into a torch device this machine has.
+    """Turn the `device` argument of `load_checkpoint` into a torch device this machine has.
 
     Checked here because torch's own errors for a missing GPU ("Torch not compiled with CUDA
     enabled", an invalid device ordinal) come late, from deep inside the first copy.
@@ -125,7 +116,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, config: LlamaConfig) -> torch.dtype:
-    """Turn the `dtype` argument of `load_model` into a torch dtype."""
+    """Turn the `dtype` argument of `load_checkpoint` into a torch dtype."""
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):

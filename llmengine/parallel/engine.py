@@ -2,11 +2,14 @@
 
 `start_tensor_parallel(path, tensor_parallel_size=N, ...)` starts N - 1 worker processes,
 joins them in a `torch.distributed` process group (gloo on the CPU) and returns an `Engine`
-on rank 0 whose model is rank 0's slice. Each step, before its forward, rank 0 broadcasts
-what the forward needs (the rows with their block tables, and the swaps): one scheduler
-decides, the other ranks follow. Every rank then runs the same forward on its own heads and
-MLP slice, and the two all-reduces of each layer make every rank's hidden state whole again,
-so rank 0 samples from the same logits a single process computes.
+on rank 0 whose model is rank 0's slice. Every rank has a model runner
+(`llmengine.runner.ModelRunner`): rank 0's is the leader, which drafts and samples, and
+before each forward broadcasts its `ForwardPlan` (the rows with their block tables, the
+swaps, the decode graph's bucket): one scheduler decides, the other ranks follow. Every
+rank's runner then runs the same code on its own heads and MLP slice (compiled halves and
+decode graphs too), and the two all-reduces of each layer make every rank's hidden state
+whole again, so rank 0 samples from the same logits a single process computes. A draft
+model runs whole on rank 0, before the plan goes out.
 
 Each rank's paged cache holds its own K/V heads only; block ids mean the same on every rank,
 so prefix caching, chunked prefill, preemption (recompute or swap), aborts and seeds work
@@ -16,7 +19,6 @@ raises on rank 0 instead of hanging.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,35 +27,28 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from llmengine.engine import Engine, StepLogits, paged_cache_for, paged_row
+from llmengine.engine import Engine
 from llmengine.engine_config import EngineConfig
-from llmengine.kv.paged_cache import PagedRow, paged_forward
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
-from llmengine.model.loader import load_model, model_folder
+from llmengine.model.loader import model_folder
+from llmengine.model.sharding import Shard, check_divisible
 from llmengine.parallel.cluster import Cluster
-from llmengine.parallel.sharding import Shard, check_divisible
-from llmengine.scheduling.decision import SchedulerOutput
+from llmengine.runner.loading import load_model
+from llmengine.runner.model_runner import ForwardPlan, ModelRunner
 
 TIMEOUT_S = 60.0  # the longest a collective may wait for a rank before the engine raises
 JOIN_TIMEOUT_S = 10.0  # how long `close` waits for a worker to exit before killing it
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """What a worker needs to run one step's forward: the rows and the swaps, in order."""
-
-    rows: list[PagedRow]
-    blocks_to_swap_out: list[tuple[int, int]]
-    blocks_to_swap_in: list[tuple[int, int]]
-
-
 def add_all_reduces(model: Llama) -> None:
     """Sum the ranks' partial outputs after each block's row-parallel product: attention's
-    output projection and the MLP's down projection, one all-reduce each per layer."""
+    output projection and the MLP's down projection, one all-reduce each per layer. As hooks
+    on those products, so that every way a layer runs (its own call, its compiled halves, a
+    decode graph) runs them."""
     for layer in model.layers:
-        layer.self_attn.register_forward_hook(_all_reduce_output)
-        layer.mlp.register_forward_hook(_all_reduce_output)
+        layer.self_attn.o_proj.register_forward_hook(_all_reduce_output)
+        layer.mlp.down_proj.register_forward_hook(_all_reduce_output)
 
 
 def _all_reduce_output(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
@@ -61,31 +56,43 @@ def _all_reduce_output(module: torch.nn.Module, inputs: Any, output: torch.Tenso
     return output
 
 
-def _broadcast(plan: StepPlan | None) -> StepPlan | None:
+def _broadcast(plan: ForwardPlan | None) -> ForwardPlan | None:
     """Rank 0 sends `plan` (None: stop); every other rank receives it."""
     message = [plan]
     dist.broadcast_object_list(message, src=0)
     return message[0]
 
 
+class LeaderRunner(ModelRunner):
+    """Rank 0's model runner: every forward's plan goes to the other ranks first. Its decode
+    graphs are never dropped by its own timing: every rank runs the same graph in lockstep."""
+
+    times_graphs_at_start = False
+    failed = False
+
+    def execute(self, plan: ForwardPlan) -> torch.Tensor:
+        try:
+            _broadcast(plan)
+            return super().execute(plan)
+        except RuntimeError as error:
+            self.failed = True
+            raise RuntimeError(f"a tensor-parallel rank failed or hangs: {error}") from error
+
+
 class TensorParallelEngine(Engine):
     """The engine on rank 0 of a tensor-parallel group; `close()` stops the other ranks."""
 
     workers: list[mp.Process]
-    failed = False  # a collective failed: the group is broken, the workers are not waited for
 
-    def _carry_out(self, decision: SchedulerOutput) -> StepLogits:
-        plan = StepPlan(
-            [paged_row(row) for row in decision.rows],
-            decision.blocks_to_swap_out,
-            decision.blocks_to_swap_in,
-        )
-        try:
-            _broadcast(plan)
-            return super()._carry_out(decision)
-        except RuntimeError as error:
-            self.failed = True
-            raise RuntimeError(f"a tensor-parallel rank failed or hangs: {error}") from error
+    runner: LeaderRunner
+
+    def runner_for(self, model: Llama, tokenizer: Any) -> ModelRunner:
+        return LeaderRunner(model, self.config, tokenizer=tokenizer)
+
+    @property
+    def failed(self) -> bool:
+        """A collective failed: the group is broken, the workers are not waited for."""
+        return self.runner.failed
 
     def close(self) -> None:
         """Tell the workers to stop and wait for them, then leave the group; after a failed
@@ -96,7 +103,7 @@ class TensorParallelEngine(Engine):
             try:
                 _broadcast(None)
             except RuntimeError:
-                self.failed = True
+                self.runner.failed = True
         for worker in self.workers:
             worker.join(0 if self.failed else JOIN_TIMEOUT_S)
             if worker.is_alive():
@@ -126,10 +133,10 @@ def start_tensor_parallel(
 
     `tensor_parallel_size` is the number of ranks, all on this machine, or a `Cluster` whose
     node 0 this is (the other nodes run `run_worker_node`). `options` are the `EngineConfig`
-    fields; `compile` and `decode_graph` are refused (their compiled graphs would hide the
-    all-reduces). Each rank loads only its slice of the checkpoint at `path` (None: the
-    embedded model), in `dtype`, its products prepared with `kernels` and `quantization` as
-    `load_model` does. Use it as a context manager, or call `close()`, so the workers stop.
+    fields, the same on every rank. Each rank loads only its slice of the checkpoint at
+    `path` (None: the embedded model), in `dtype`, its products prepared with `kernels` and
+    `quantization` as `load_model` does. Use it as a context manager, or call `close()`, so
+    the workers stop.
     """
     cluster = _cluster(tensor_parallel_size)
     if cluster.node_rank != 0:
@@ -187,11 +194,6 @@ def _checked(
     """The engine configuration and load options, refused before any process starts."""
     config = EngineConfig(**options)
     check_divisible(LlamaConfig.from_file(model_folder(path) / "config.json"), cluster.size)
-    if config.compile or config.decode_graph:
-        raise ValueError("tensor parallelism runs eager: leave compile and decode_graph off")
-    if config.speculative not in (None, "ngram"):
-        # The workers get each step's rows before the draft model has filled in its guesses.
-        raise ValueError("tensor parallelism speculates by prompt lookup only: speculative='ngram'")
     return config, {"dtype": dtype, "kernels": kernels, "quantization": quantization}
 
 
@@ -239,9 +241,8 @@ def _run_worker(
     _join_group(shard, init_method, timeout_s)
     model = load_model(path, shard=shard, **load)
     add_all_reduces(model)
-    cache = paged_cache_for(model, config)
+    runner = ModelRunner(model, config, leader=False)
     with torch.inference_mode():
         while (plan := _broadcast(None)) is not None:
-            cache.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
-            paged_forward(model, cache, plan.rows)
+            runner.execute(plan)
     dist.destroy_process_group()

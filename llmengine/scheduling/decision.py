@@ -110,6 +110,10 @@ class SchedulerOutput:
     `held_blocks` counts the pool's booked blocks once the decision is carried out: the pool
     the forward runs on, before `update` takes back what finished requests held.
     `held_swap_blocks` counts the swap space's booked blocks at the same moment.
+
+    `finished_request_ids` names the requests that finished or were aborted since the last
+    decision: whoever carries decisions out (the model runner) lets go of what it kept for
+    them (generators, grammar matchers, a draft model's progress).
     """
 
     rows: list[ScheduledRow] = field(default_factory=list)
@@ -121,6 +125,7 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)
     held_blocks: int = 0
     held_swap_blocks: int = 0
+    finished_request_ids: list[int] = field(default_factory=list)
 
 
 def packed_starts(rows: list[ScheduledRow]) -> list[int]:

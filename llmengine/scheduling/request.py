@@ -72,6 +72,9 @@ class Request:
     `draft_token_ids` are tokens a speculative proposer guessed to follow, set before each
     step: the next decode row computes them with the last token, and `update` keeps those the
     model agrees with.
+
+    `eos_token_ids` are the model's end tokens, given once when the request is made: the
+    request's own stop rule (`finish_reason`) reads them, so nothing else carries them.
     """
 
     request_id: int
@@ -91,6 +94,7 @@ class Request:
     num_registered_blocks: int = 0
     finish_reason: str | None = None
     draft_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -142,7 +146,12 @@ class Request:
         self.num_discarded_tokens = max(self.num_discarded_tokens, lost)
         self.prefilling = False
 
-    def append_token(self, token_id: int, eos_token_ids: tuple[int, ...] = ()) -> str | None:
+    def append_token(self, token_id: int) -> str | None:
         """Record a sampled token; return why the request is now done, or None."""
         self.token_ids.append(token_id)
-        return finish_reason(self.params, self.num_output_tokens, token_id, eos_token_ids)
+        return self.finish_reason_after(self.num_output_tokens, token_id)
+
+    def finish_reason_after(self, num_output_tokens: int, token_id: int) -> str | None:
+        """Why the request would be done once `token_id` is its output token number
+        `num_output_tokens` (counted from 1), or None."""
+        return finish_reason(self.params, num_output_tokens, token_id, self.eos_token_ids)

@@ -57,6 +57,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_slots: deque[int] = deque(range(self.num_slots))
+        # Requests finished or aborted since the last decision, which the next one names, so
+        # that whoever carries decisions out lets go of what it kept for them.
+        self._done_since_last: list[int] = []
 
     @property
     def pool(self) -> BlockPool | CachingBlockPool:
@@ -110,6 +113,7 @@ class Scheduler:
             self.swap.abort(request)
             request.block_table.release()
         request.move_to(RequestState.ABORTED)
+        self._done_since_last.append(request.request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -117,7 +121,8 @@ class Scheduler:
     # -- one iteration -----------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished_request_ids=self._done_since_last)
+        self._done_since_last = []
         self._grow(out)
         self._swap_in(out)
         self._continue_prefill(out)
@@ -306,7 +311,6 @@ class Scheduler:
         self,
         out: SchedulerOutput,
         tokens: Mapping[int, int | list[int]],
-        eos_token_ids: tuple[int, ...] = (),
     ) -> list[Request]:
         """Record each row's sampled tokens; release and return the requests it finished.
 
@@ -329,12 +333,13 @@ class Scheduler:
                 self.blocks.trim(request)
             request.draft_token_ids.clear()
             for token in kept:
-                reason = request.append_token(token, eos_token_ids)
+                reason = request.append_token(token)
                 if reason is not None:
                     request.finish_reason = reason
                     request.move_to(RequestState.FINISHED)
                     self._release(request)
                     finished.append(request)
+                    self._done_since_last.append(request.request_id)
                     break
         return finished
 

@@ -1,9 +1,11 @@
 """The engine on a thread of its own, and the hand-off between it and the asyncio side.
 
 The engine is not thread-safe and its step is a blocking forward, so it lives on exactly one
-background thread, which owns it: nothing else calls it. The HTTP side talks to it through a
-queue of commands (add, abort, stop). The thread takes every pending command, then steps
-once if anything is unfinished, and blocks on the queue when idle (no busy spin). Each
+background thread, which owns it: nothing else calls it. What the HTTP side must know of it
+(the model's length and vocabulary, the pool, a grammar compiler that is safe from any
+thread) is read once, as `EngineFacts`, before that thread starts. The HTTP side talks to it
+through a queue of commands (add, abort, stop). The thread takes every pending command, then
+steps once if anything is unfinished, and blocks on the queue when idle (no busy spin). Each
 engine request's tokens go back to the asyncio loop that asked for it, into an asyncio.Queue
 of its own, via `loop.call_soon_threadsafe`. A request that ends (finished or aborted) has
 its record released from the engine at once, so a server that runs for ever holds none.
@@ -26,6 +28,7 @@ from llmengine.engine import Engine
 from llmengine.outcome import IterationOutcome
 from llmengine.params import SamplingParams
 from llmengine.server.metrics import ServerMetrics
+from llmengine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger("llmengine.server")
 
@@ -102,6 +105,32 @@ class _FailAll:
 _STOP = object()
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """What the HTTP side knows of the engine, read before the engine thread starts: the
+    model's positions and vocabulary, the pool, and the grammar compiler the model runner
+    owns (thread-safe; None for an engine without a tokenizer)."""
+
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    num_slots: int
+    grammar_compiler: GrammarCompiler | None
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineFacts:
+        config = engine.model.config
+        return cls(
+            max_model_len=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            num_blocks=engine.num_blocks,
+            block_size=engine.block_size,
+            num_slots=engine.num_slots,
+            grammar_compiler=None if engine.tokenizer is None else engine.runner.grammar_compiler,
+        )
+
+
 class EngineLoop:
     """Runs `engine` on a background thread; `add` and `abort` may be called from anywhere.
 
@@ -120,6 +149,7 @@ class EngineLoop:
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.facts = EngineFacts.of(engine)  # the asyncio side reads these, never the engine
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.on_fatal = on_fatal  # called on the engine thread if its loop cannot go on
@@ -149,7 +179,7 @@ class EngineLoop:
     @property
     def capacity(self) -> int:
         """The most engine requests the server ever holds at once: seated plus waiting."""
-        return self.engine.num_slots + self.max_waiting
+        return self.facts.num_slots + self.max_waiting
 
     @property
     def running(self) -> bool:

@@ -102,11 +102,11 @@ class Serving:
         self.tokenizer = tokenizer
         self.chat = chat
         self.served_model_name = served_model_name
-        engine = engine_loop.engine
-        self.max_model_len = engine.model.config.max_position_embeddings
-        self.max_fit = min(self.max_model_len, engine.num_blocks * engine.block_size)
-        self.vocab_size = engine.model.config.vocab_size
-        self.grammars = engine.grammars
+        facts = engine_loop.facts
+        self.max_model_len = facts.max_model_len
+        self.max_fit = min(self.max_model_len, facts.num_blocks * facts.block_size)
+        self.vocab_size = facts.vocab_size
+        self.grammar_compiler = facts.grammar_compiler
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -159,7 +159,9 @@ class Serving:
         try:
             constraint = body.constraint()
             if constraint is not None:
-                await asyncio.to_thread(self.grammars.compiler.compile, constraint)
+                if self.grammar_compiler is None:
+                    raise ValueError("this server has no tokenizer to compile a grammar against")
+                await asyncio.to_thread(self.grammar_compiler.compile, constraint)
         except ValueError as error:
             field = body.constraint_field
             raise bad_request(f"{field}: {error}", param=field) from None

@@ -15,14 +15,12 @@ distribution for the token after draft j - 1 (the request's last token for j = 0
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import torch
 
-from llmengine.outcome import Sampled
-from llmengine.params import SamplingParams, finish_reason
+from llmengine.params import SamplingParams
 from llmengine.sampling import dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow, packed_starts
+from llmengine.scheduling.request import Request
 
 
 def verify_drafts(
@@ -69,13 +67,11 @@ def can_speculate(params: SamplingParams) -> bool:
     return not params.has_penalties and params.logprobs is None and params.constraint is None
 
 
-def cut_at_finish(
-    kept: list[int], params: SamplingParams, num_output_tokens: int, eos_token_ids: Sequence[int]
-) -> list[int]:
-    """`kept` up to the first token that would finish a request that has generated
-    `num_output_tokens` so far (a stop or end token, or its last allowed one), included."""
+def cut_at_finish(kept: list[int], request: Request) -> list[int]:
+    """`kept` up to the first token that would finish `request` (a stop or end token, or its
+    last allowed one), included."""
     for index, token in enumerate(kept):
-        if finish_reason(params, num_output_tokens + index + 1, token, eos_token_ids):
+        if request.finish_reason_after(request.num_output_tokens + index + 1, token):
             return kept[: index + 1]
     return kept
 
@@ -93,40 +89,3 @@ def draft_logits_at(rows: list[ScheduledRow]) -> list[int]:
         if row.draft_token_ids
         for offset in range(row.num_positions - len(row.draft_token_ids) - 1, row.num_positions - 1)
     ]
-
-
-def verify_rows(
-    rows: list[ScheduledRow],
-    last_logits: torch.Tensor,
-    draft_logits: torch.Tensor,
-    generators: Mapping[int, torch.Generator | None],
-    eos_token_ids: Sequence[int],
-    sampled: Sampled,
-    draft_probs: Mapping[int, torch.Tensor],
-) -> None:
-    """Check every row's drafts and record in `sampled` what each keeps (`tokens`, a list
-    cut at the first token that finishes its request), how many it proposed and kept
-    (`drafts`), or that its logits were not finite (`failed`). `last_logits` are the rows'
-    usual logits (`[rows, vocab]`), `draft_logits` those of `draft_logits_at`, in order;
-    `draft_probs` the distributions a draft model drew each sampled row's drafts from."""
-    offset = 0
-    for index, row in enumerate(rows):
-        drafts = row.draft_token_ids
-        if not drafts:
-            continue
-        logits = torch.cat(
-            [draft_logits[offset : offset + len(drafts)], last_logits[index : index + 1]]
-        )
-        offset += len(drafts)
-        request = row.request
-        if not torch.isfinite(logits).all():
-            sampled.failed[request.request_id] = "the model's logits were not finite"
-            continue
-        kept = verify_drafts(
-            logits, drafts, request.params, generators[request.request_id],
-            draft_probs.get(request.request_id),
-        )  # fmt: skip
-        sampled.drafts[request.request_id] = (len(drafts), len(kept) - 1)
-        sampled.tokens[request.request_id] = cut_at_finish(
-            kept, request.params, request.num_output_tokens, eos_token_ids
-        )

@@ -62,6 +62,13 @@ def fuse(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None
     return weight, bias
 
 
+def as_parameter(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    """`tensor` as a frozen parameter over the same memory (None stays None)."""
+    if tensor is None or isinstance(tensor, nn.Parameter):
+        return tensor
+    return nn.Parameter(tensor, requires_grad=False)
+
+
 class Product:
     """`F.linear(x, weight, bias)`, through the kernel prepared for `weight` when it was made.
 
@@ -77,20 +84,22 @@ class Product:
         kernels: str = "measured",
         quantization: str | None = None,
     ) -> None:
-        self.weight, self.bias = weight, bias
+        # As parameters, so that a graph compiled with inductor's `freezing` folds them in as
+        # constants (a plain tensor attribute would stay an input of the graph).
+        self.weight, self.bias = as_parameter(weight), as_parameter(bias)
         self.measurement: KernelMeasurement | None = None
         self.kernel: ChosenKernels | Int8Weight
         if quantization == "int8":
-            self.kernel = Int8Weight(weight)
+            self.kernel = Int8Weight(self.weight)
             return
         choice: dict[int, str] = {}
         # Where F.linear is the only candidate (a GPU, float16) there is nothing to time.
-        if kernels == "measured" and len(candidates_for(weight)) > 1:
-            self.measurement = measure_kernels(weight, bias)
+        if kernels == "measured" and len(candidates_for(self.weight)) > 1:
+            self.measurement = measure_kernels(self.weight, self.bias)
             choice = self.measurement.chosen()
-        elif kernels == "packed" and can_pack(weight):
+        elif kernels == "packed" and can_pack(self.weight):
             choice = packed_choice()
-        self.kernel = ChosenKernels(weight, choice)
+        self.kernel = ChosenKernels(self.weight, choice)
 
     @property
     def is_packed(self) -> bool:

@@ -81,7 +81,7 @@ def offline(
 ) -> list[Measurement]:
     """Decode at every batch size and the mixed burst, through the three engines, in rounds;
     fills `greedy` with each engine's token ids for the first prompts of the burst."""
-    from llmengine.model.loader import load_model
+    from llmengine.runner.loading import load_model
 
     model = load_model(checkpoint)
     vocab = model.config.vocab_size

@@ -82,7 +82,7 @@ def check_with(answer: Any, judge: Callable[[Any], tuple[bool, str]], *, what: s
 def embedded_model(kernels: str = "measured") -> PreparedLlama:
     """The embedded model the checkers run, loaded once per process for each `kernels`
     (`"eager"` skips timing the kernels, for checkers that only count)."""
-    from llmengine.model.loader import load_model
+    from llmengine.runner.loading import load_model
 
     return load_model(kernels=kernels)
 

@@ -22,8 +22,9 @@ from llmengine.lessons.exercises import Verdict, check_value, check_with
 from llmengine.lessons.exercises.lesson_01 import embedded_config
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import Llama
-from llmengine.model.loader import checkpoint_name, embedded_model_path, load_model
+from llmengine.model.loader import checkpoint_name, embedded_model_path
 from llmengine.model.tokenizer import load_tokenizer
+from llmengine.runner.loading import load_model
 
 LINE = "ROMEO:\nBut soft, what light through yonder window breaks?"
 

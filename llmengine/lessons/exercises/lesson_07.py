@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from llmengine.kv.blocks import BlockTable
-from llmengine.kv.paged_cache import flat_indices
 from llmengine.lessons.exercises import Verdict, check_value, embedded_model
 from llmengine.lessons.paged_walkthrough import PagedWalkthrough
+from llmengine.runner.attention import flat_indices
 
 
 def blocks_after_decoding(prompt_tokens: int, steps: int, block_size: int) -> int:

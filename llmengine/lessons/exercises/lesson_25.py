@@ -12,8 +12,8 @@ import contextlib
 import llmengine
 from llmengine.lessons.exercises import Verdict, check_value
 from llmengine.model.config import LlamaConfig
+from llmengine.model.sharding import Shard, check_divisible
 from llmengine.parallel.engine import add_all_reduces
-from llmengine.parallel.sharding import Shard, check_divisible
 
 
 def _config() -> LlamaConfig:

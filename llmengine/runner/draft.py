@@ -1,0 +1,130 @@
+"""A draft model: a smaller Llama with the target's tokenizer guesses the next tokens.
+
+The draft keeps its own paged cache on the target's block tables: the same block ids, its
+own layers and heads. Every position the target computes, the draft computes too (each
+step's rows go through the draft first), so preemption, swap, prefix caching and aborts
+need nothing of their own: a swap copies the same blocks in both caches, a recomputed
+request's prefill refills both, and a cached block holds both models' K/V.
+
+Per step, for the rows that may speculate: the draft's first forward over every row gives
+each row's first guess, then k - 1 more one-token forwards give the rest, each drawn from
+the draft's own distribution (its argmax for greedy rows), which the verifier needs for a
+sampled row (`llmengine.speculative.verify`). The model runner owns it and runs it before
+the target's forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from llmengine.kv.paged_cache import PagedKVCache
+from llmengine.model.llama import Llama
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.forward import paged_forward
+from llmengine.runner.loading import load_model
+from llmengine.sampling import dense_distribution, draw_one
+from llmengine.scheduling.decision import ScheduledRow
+
+Generators = Mapping[int, torch.Generator | None]
+
+
+class DraftModel:
+    """The draft and its cache, a twin of the target's; `propose` fills the scheduled rows'
+    drafts in place."""
+
+    def __init__(self, model: Llama, target: Llama, target_cache: PagedKVCache) -> None:
+        if model.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({model.config.vocab_size} tokens) is not the "
+                f"target's ({target.config.vocab_size}): a draft must share the target's "
+                "tokenizer"
+            )
+        self.model = model
+        self.cache = target_cache.like(model.config)
+        self._computed: dict[int, int] = {}  # positions of each request with the draft's K/V
+        # This step's sampled rows: the distributions their drafts were drawn from, [k, vocab].
+        self.probs: dict[int, torch.Tensor] = {}
+
+    def forget(self, request_id: int) -> None:
+        self._computed.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, rows: list[ScheduledRow], generators: Generators) -> None:
+        """Fill each row's `draft_token_ids` (reserved by the scheduler) with the draft's
+        guesses, after bringing the draft's K/V level with what the target will compute."""
+        self.probs.clear()
+        paged = [self._catch_up_row(row) for row in rows]
+        logits = paged_forward(self.model, self.cache, paged)
+        guessing = [index for index, row in enumerate(rows) if row.draft_token_ids]
+        for row in rows:
+            self._computed[row.request.request_id] = row.end_position - len(row.draft_token_ids)
+        if not guessing:
+            return
+        k = max(len(rows[index].draft_token_ids) for index in guessing)
+        drafts: dict[int, list[int]] = {index: [] for index in guessing}
+        probs: dict[int, list[torch.Tensor]] = {index: [] for index in guessing}
+        step_logits = {index: logits[index] for index in guessing}
+        for j in range(k):
+            for index in guessing:
+                if j < len(rows[index].draft_token_ids):
+                    token, dist = self._draw(rows[index], step_logits[index], generators)
+                    drafts[index].append(token)
+                    probs[index].append(dist)
+            going = [i for i in guessing if j + 1 < len(rows[i].draft_token_ids)]
+            if not going:
+                break
+            more = paged_forward(
+                self.model,
+                self.cache,
+                [
+                    PagedRow(
+                        [drafts[i][-1]],
+                        rows[i].start_position + 1 + j,
+                        rows[i].request.block_table.block_ids,
+                    )
+                    for i in going
+                ],
+            )
+            step_logits = dict(zip(going, more, strict=True))
+        for index in guessing:
+            row = rows[index]
+            row.draft_token_ids[:] = drafts[index]
+            if not row.request.params.greedy:
+                self.probs[row.request.request_id] = torch.stack(probs[index])
+
+    def _catch_up_row(self, row: ScheduledRow) -> PagedRow:
+        """The draft's row: the target's own tokens of the row, from the first position the
+        draft has not computed (a kept last draft of the step before, at most), without the
+        drafts, which the draft computes one at a time."""
+        request = row.request
+        end = row.end_position - len(row.draft_token_ids)
+        start = row.start_position
+        if not row.is_prefill:
+            start = min(start, self._computed.get(request.request_id, start))
+        return PagedRow(request.token_ids[start:end], start, request.block_table.block_ids)
+
+    def _draw(
+        self, row: ScheduledRow, logits: torch.Tensor, generators: Generators
+    ) -> tuple[int, torch.Tensor | None]:
+        """One guess from the draft's logits: its argmax for a greedy row, else a draw from
+        its distribution under the row's sampling parameters (returned, dense)."""
+        params = row.request.params
+        if params.greedy:
+            return int(logits.argmax()), None
+        dense = dense_distribution(logits, params)
+        return int(draw_one(dense, generators[row.request.request_id])), dense
+
+
+def load_draft(path: str, target: Llama, target_cache: PagedKVCache) -> DraftModel:
+    """The draft model in the checkpoint folder `path`, on the target's device and in its
+    dtype ("packed" kernels: no start-up timing for the draft's many small row counts)."""
+    if not Path(path).is_dir():
+        raise ValueError(
+            f"speculative={path!r} is neither 'ngram' nor a draft model's checkpoint folder"
+        )
+    parameter = next(target.parameters())
+    draft = load_model(path, dtype=parameter.dtype, device=parameter.device, kernels="packed")
+    return DraftModel(draft, target, target_cache)

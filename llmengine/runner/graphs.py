@@ -1,0 +1,147 @@
+"""The decode step as one compiled graph per batch bucket (the CPU analogue of CUDA graphs).
+
+A decode step is a fixed chain of operators whose shapes depend only on the batch size and
+on how many cached keys the rows read. Eager, every operator pays dispatch, and the matrix
+products of a few rows run through MKL's slow matrix-vector path; compiled whole by inductor
+with the weights frozen into the graph, the products become inductor's own GEMM template
+(max-autotune picks it where it wins), which reads the weights near memory bandwidth.
+
+What is compiled is the model's own forward (`Llama.forward_hidden`, then the head) with
+`FlexPagedAttention` as its attention hook: no second copy of the model. Every product's
+weight is a parameter (`llmengine.speed.projections.Product`), so freezing folds it in.
+
+The batch is padded up to a bucket (1, 2, 4, 8, ...), so one graph serves several batch
+sizes; padding rows write their K/V into a scratch slot that no request reads (the runner
+gives the cache one block beyond the pool) and their logits are dropped. The K/V cache
+tensors are inputs, mutated in place, never frozen: the same tensors the eager forward and
+swaps use. Their shapes depend on the bucket alone, whatever the context length: one graph
+per bucket.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from llmengine.kv.paged_cache import PagedKVCache
+from llmengine.model.llama import Llama
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.paged_flex import FlexPagedAttention, decode_inputs, paged_block_mask
+from llmengine.speed.prepare import PreparedLlama
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+# Inductor settings, chosen by measurement (reports/wallclock/decode-graph.md): frozen weights
+# let max-autotune's GEMM template replace MKL for the few-row products.
+CPU_OPTIONS: dict[str, object] = {"freezing": True, "max_autotune": True}
+# Under tensor parallelism the graph holds the layers' all-reduces, and with max-autotune's
+# GEMM template beside them its logits came out wrong (off by about 8 from eager's on a
+# random 2-layer model at two ranks, gloo); with frozen weights alone they match.
+CPU_OPTIONS_WITH_ALL_REDUCES: dict[str, object] = {"freezing": True}
+
+
+def buckets_for(num_slots: int, buckets: Sequence[int] = BUCKETS) -> list[int]:
+    """The buckets an engine of `num_slots` slots needs: those below it and the first >= it."""
+    chosen = [bucket for bucket in buckets if bucket < num_slots]
+    return chosen + [next((b for b in buckets if b >= num_slots), num_slots)]
+
+
+class DecodeGraphs:
+    """The decode forward compiled for each of `buckets`, each compiled when built.
+
+    `graph_for(n)` is the bucket (or None: run eager) for a decode of n rows; `drop(bucket)`
+    takes a bucket out (the runner drops those measured slower than eager). Inductor's
+    on-disk caches make a second start in a new process quicker.
+
+    The weights are folded into each graph as they are when it is built: weights changed
+    later (a new state dict) are not seen by it. On CUDA the same buckets go through
+    inductor's CUDA graphs (`triton.cudagraphs`), with the cache tensors marked as static
+    addresses so that mutating them does not disable them.
+    """
+
+    def __init__(
+        self,
+        model: Llama,
+        cache: PagedKVCache,
+        scratch_block: int,
+        buckets: Sequence[int],
+        options: dict[str, object] | None = None,
+    ) -> None:
+        if isinstance(model, PreparedLlama) and model.quantization == "int8":
+            # The graph multiplies by the float weights it folds in, not by int8 copies.
+            raise ValueError("the decode graph does not take an int8-quantised model")
+        self.model = model
+        self.cache = cache
+        self.scratch_block = scratch_block
+        self.keys = [k.flatten(0, 1) for k in cache.keys]
+        self.values = [v.flatten(0, 1) for v in cache.values]
+        cuda = cache.device.type == "cuda"
+        if options is None:
+            sharded = dist.is_initialized() and dist.get_world_size() > 1
+            options = (
+                {"triton.cudagraphs": True}
+                if cuda
+                else CPU_OPTIONS_WITH_ALL_REDUCES
+                if sharded
+                else CPU_OPTIONS
+            )
+        if cuda:
+            for tensor in self.keys + self.values:
+                torch._dynamo.mark_static_address(tensor)
+        # Dynamo installs the parameters as constants of the graph only when it sees inductor's
+        # `freezing` set while it traces; set in `options` alone, the weights stayed inputs of
+        # extern `mm` calls and the graph was no faster than eager. One graph per bucket:
+        # more than dynamo's default 8 recompiles. Entered around each call, never nested.
+        self._inductor_patch = torch._inductor.config.patch(freezing=bool(options.get("freezing")))
+        self._dynamo_patch = torch._dynamo.config.patch(recompile_limit=64)
+        self._compiled = torch.compile(self._decode, fullgraph=True, dynamic=False, options=options)
+        self.compile_seconds: dict[int, float] = {}
+        self.buckets = sorted(buckets)
+        for bucket in self.buckets:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                self(self.dummy_rows(bucket), bucket)
+            self.compile_seconds[bucket] = time.perf_counter() - start
+
+    def _decode(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        write_indices: torch.Tensor,
+        mask_tensors: tuple[torch.Tensor, ...],
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits `[B, vocab]` for one new token per row, each row's K/V written at its index:
+        what gets compiled."""
+        block_mask = paged_block_mask(mask_tensors, keys[0].shape[0])
+        attention = FlexPagedAttention(keys, values, write_indices, block_mask)
+        hidden = self.model.forward_hidden(token_ids[:, None], positions[:, None], attention)
+        return self.model.compute_logits(hidden[:, 0])
+
+    def dummy_rows(self, bucket: int) -> list[PagedRow]:
+        """`bucket` decode rows of a typical context (four blocks), all in the scratch block:
+        what the graphs are compiled and timed on."""
+        context = 4 * self.cache.block_size
+        return [PagedRow([0], context - 1, [self.scratch_block] * 4) for _ in range(bucket)]
+
+    def graph_for(self, num_rows: int) -> int | None:
+        """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
+        return next((bucket for bucket in self.buckets if bucket >= num_rows), None)
+
+    def drop(self, bucket: int) -> None:
+        """Stop using `bucket`'s graph: its decodes go to a larger bucket, or run eager."""
+        self.buckets.remove(bucket)
+
+    def __call__(self, rows: Sequence[PagedRow], bucket: int | None = None) -> torch.Tensor:
+        """Logits `[len(rows), vocab]` of a decode step over `rows` (one new token each)."""
+        bucket = len(rows) if bucket is None else bucket
+        cache = self.cache
+        inputs = decode_inputs(
+            rows, cache.block_size, cache.num_blocks, bucket, self.scratch_block, cache.device
+        )
+        with self._inductor_patch, self._dynamo_patch:
+            logits = self._compiled(*inputs, self.keys, self.values)
+        return logits[: len(rows)]

@@ -1,0 +1,50 @@
+"""What the model runner measures once, at start-up, to choose how it runs.
+
+`decode_graph=True` asks for the graphs that pay: each bucket's graph is timed against the
+eager forward on the same dummy decode, and a bucket whose graph is not faster is dropped, so
+the graph never makes a step slower. Timing happens here, before the first request, and
+never again: the step itself only looks up the buckets that were kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.graphs import DecodeGraphs
+
+ROUNDS = 3  # eager and graph timed in turn, so a neighbour's burst of load hits both alike
+
+
+def drop_slower_graphs(
+    graphs: DecodeGraphs, eager: Callable[[list[PagedRow]], torch.Tensor]
+) -> dict[int, tuple[float, float]]:
+    """Time every bucket's graph against `eager` on its dummy rows, drop the buckets whose
+    graph is not faster, and return the timings, bucket: (eager ms, graph ms)."""
+    timings = {}
+    with torch.inference_mode():
+        for bucket in list(graphs.buckets):
+            rows = graphs.dummy_rows(bucket)
+            eager_ms = graph_ms = float("inf")
+            for _ in range(ROUNDS):
+                eager_ms = min(eager_ms, best_ms(lambda rows=rows: eager(rows), 3))
+                graph_ms = min(graph_ms, best_ms(lambda rows=rows, b=bucket: graphs(rows, b), 3))
+            timings[bucket] = (eager_ms, graph_ms)
+            if graph_ms >= eager_ms:
+                graphs.drop(bucket)
+    return timings
+
+
+def best_ms(step: Callable[[], object], repeats: int = 5) -> float:
+    """Fastest of `repeats` calls, in milliseconds (the machine is shared: the minimum is the
+    least disturbed)."""
+    step()  # the first call warms caches and allocators; it is not timed
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
