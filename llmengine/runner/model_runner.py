@@ -43,6 +43,9 @@ from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
 
+NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardPlan:
     """One forward, as every rank runs it: the rows, the swaps before it, the decode graph's
@@ -141,8 +144,10 @@ class ModelRunner:
             self.drafter.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
             self.drafter.propose(decision.rows, self.sampler.generators)
         plan, logits_plan, num_drafts = self._plan(decision)
-        logits = self.execute(plan)
-        own, draft_logits = logits[: len(logits) - num_drafts], logits[len(logits) - num_drafts :]
+        own = self.execute(plan)
+        draft_logits = NO_LOGITS
+        if num_drafts:
+            own, draft_logits = own[: len(own) - num_drafts], own[len(own) - num_drafts :]
         sampling, scored = own, {}
         if logits_plan is not None:
             sampling, owed = logits_plan.split(own)

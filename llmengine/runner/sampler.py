@@ -101,10 +101,10 @@ class Sampler:
     ) -> dict[int, bool]:
         """Whether each drawing row's logits, its drafts' included, are all finite: one read
         back for the whole step."""
-        checks = [torch.isfinite(logits[drawing]).all(dim=-1)]
+        checks = torch.isfinite(logits[drawing]).all(dim=-1)
         if len(draft_logits):
-            checks.append(torch.isfinite(draft_logits).all(dim=-1))
-        flags = torch.cat(checks).tolist()
+            checks = torch.cat([checks, torch.isfinite(draft_logits).all(dim=-1)])
+        flags = checks.tolist()
         finite, offset = {}, len(drawing)
         for position, index in enumerate(drawing):
             drafts = len(rows[index].draft_token_ids)

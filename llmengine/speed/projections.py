@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmengine.speed.kernels import (
@@ -84,22 +85,26 @@ class Product:
         kernels: str = "measured",
         quantization: str | None = None,
     ) -> None:
-        # As parameters, so that a graph compiled with inductor's `freezing` folds them in as
-        # constants (a plain tensor attribute would stay an input of the graph).
+        # As parameters for a compiled graph, so that inductor's `freezing` folds them in as
+        # constants (a plain tensor attribute would stay an input of the graph); as plain
+        # tensors over the same memory for the eager kernels, which a parameter's subclass
+        # dispatch would slow by a microsecond or two a call.
         self.weight, self.bias = as_parameter(weight), as_parameter(bias)
+        weight = weight.detach()
+        self._bias = None if bias is None else bias.detach()
         self.measurement: KernelMeasurement | None = None
         self.kernel: ChosenKernels | Int8Weight
         if quantization == "int8":
-            self.kernel = Int8Weight(self.weight)
+            self.kernel = Int8Weight(weight)
             return
         choice: dict[int, str] = {}
         # Where F.linear is the only candidate (a GPU, float16) there is nothing to time.
-        if kernels == "measured" and len(candidates_for(self.weight)) > 1:
-            self.measurement = measure_kernels(self.weight, self.bias)
+        if kernels == "measured" and len(candidates_for(weight)) > 1:
+            self.measurement = measure_kernels(weight, self._bias)
             choice = self.measurement.chosen()
-        elif kernels == "packed" and can_pack(self.weight):
+        elif kernels == "packed" and can_pack(weight):
             choice = packed_choice()
-        self.kernel = ChosenKernels(self.weight, choice)
+        self.kernel = ChosenKernels(weight, choice)
 
     @property
     def is_packed(self) -> bool:
@@ -107,4 +112,8 @@ class Product:
         return isinstance(self.kernel, ChosenKernels) and "mkl-packed" in self.kernel.names
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel.linear(x, self.bias)
+        if torch.compiler.is_compiling() and isinstance(self.kernel, ChosenKernels):
+            # Inside a graph inductor chooses the product's kernel itself (it cannot lower the
+            # prepared ones), from the parameters it may freeze.
+            return F.linear(x, self.weight, self.bias)
+        return self.kernel.linear(x, self._bias)
