@@ -42,7 +42,6 @@ from llmengine.speculative.verify import draft_logits_at
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
-
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
 
 
