@@ -30,6 +30,7 @@ __all__ = [
     "candidate_distribution",
     "dense_distribution",
     "draw_one",
+    "draw_tokens",
     "finish_reason",
     "make_generator",
     "sample_tokens",
@@ -147,7 +148,19 @@ def sample_tokens(
     generators: Sequence[torch.Generator | None],
     histories: Sequence[History] | None = None,
 ) -> list[int]:
-    """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`.
+    """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`: the
+    tokens of `draw_tokens`, read back in one transfer."""
+    return draw_tokens(logits, params, generators, histories).tolist()
+
+
+def draw_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    histories: Sequence[History] | None = None,
+) -> torch.Tensor:
+    """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`, as a
+    `[rows]` tensor on the logits' device: nothing is read back (but a top-p row's cut).
 
     Greedy rows without penalties take the argmax together; the others are penalised (from
     `histories[i]`, needed when any row has a penalty) and sampled one by one, each with its
@@ -173,4 +186,4 @@ def sample_tokens(
             tokens[row : row + 1] = row_logits.argmax().view(1)
         else:
             tokens[row : row + 1] = _sample_row(row_logits, row_params, generator)
-    return tokens.tolist()
+    return tokens

@@ -98,3 +98,20 @@ def test_sampling_reads_the_tokens_back_once() -> None:
     assert calls.host_reads == ["tolist"]
     assert calls.factories_without_device == []
     assert len(tokens) == len(MIXED_PARAMS) and all(isinstance(t, int) for t in tokens)
+
+
+def test_a_step_of_plain_rows_reads_back_once(model: llmengine.Llama) -> None:
+    """Greedy, seeded and penalised rows, a prefill beside decodes and decodes alone: each
+    engine step reads the device once, the sampled tokens and their finite check together.
+    A hidden `.item()` or `.tolist()` anywhere on the step's path fails this."""
+    engine = llmengine.Engine(model, num_blocks=32, block_size=4, num_slots=4)
+    engine.add_requests([[1, 2, 3, 4, 5], [6, 7]], MIXED_PARAMS[:2])
+    reads = []
+    for step in range(5):
+        if step == 1:
+            engine.add_requests([[8, 9, 10], [11]], MIXED_PARAMS[2:])
+        with DeviceCalls() as calls:
+            outcome = engine.step()
+        assert outcome.tokens  # every step here samples
+        reads.append(calls.host_reads)
+    assert reads == [["tolist"]] * 5

@@ -4,9 +4,11 @@ Every row that samples is one of two kinds. A plain row draws one token from its
 (`llmengine.sampling.sample_tokens`) with its request's parameters, history and generator,
 after its grammar's mask (`llmengine.structured`) where it has one. A row with drafts keeps
 the drafted tokens the model agrees with and adds one of its own
-(`llmengine.speculative.verify`). Both kinds are checked for finite logits once, in one read
-back: a NaN or an infinity would otherwise come out as some arbitrary token, and the text as
-garbage, so such a request gets no token and is reported failed while the others go on.
+(`llmengine.speculative.verify`). Either kind is checked for finite logits: a NaN or an
+infinity would otherwise come out as some arbitrary token, and the text as garbage, so such a
+request gets no token and is reported failed while the others go on. The plain rows' tokens
+and their checks come back from the device together, in one transfer: on a GPU a step of
+plain rows waits for the device once (a top-p row, logprobs, drafts and grammars add theirs).
 
 The sampler keeps what a request carries from step to step: its generator (on the logits'
 device: a CUDA row cannot draw from a CPU generator), its grammar's matcher and the prompt
@@ -24,7 +26,7 @@ import torch
 from llmengine.model.config import LlamaConfig
 from llmengine.outcome import StepResult
 from llmengine.prompt_logprobs import PromptLogprobs
-from llmengine.sampling import make_generator, sample_tokens, token_logprobs
+from llmengine.sampling import draw_tokens, make_generator, token_logprobs
 from llmengine.scheduling.decision import ScheduledRow
 from llmengine.scheduling.request import Request
 from llmengine.speculative.verify import cut_at_finish, verify_drafts
@@ -71,53 +73,22 @@ class Sampler:
         logits predict a token the request already has, and drawing would move the
         generator."""
         result = StepResult()
-        drawing = [index for index, row in enumerate(rows) if row.samples]
-        if not drawing:
-            return result
-        finite = self._finite(rows, drawing, logits, draft_logits)
-        plain, drafted, offset = [], [], 0
-        for index in drawing:
-            row = rows[index]
-            drafts = len(row.draft_token_ids)
-            if not finite[index]:
-                result.failed[row.request.request_id] = NOT_FINITE
-            elif drafts:
-                own = draft_logits[offset : offset + drafts]
-                drafted.append((row, torch.cat([own, logits[index : index + 1]])))
-            else:
-                plain.append(index)
-            offset += drafts
-        self._draw(rows, plain, logits, result)
-        for row, row_logits in drafted:
-            self._verify(row, row_logits, draft_probs.get(row.request.request_id), result)
+        plain = [i for i, row in enumerate(rows) if row.samples and not row.draft_token_ids]
+        drafted = [i for i, row in enumerate(rows) if row.draft_token_ids]
+        if plain:
+            self._draw(rows, plain, logits, result)
+        if drafted:
+            self._check_drafts(rows, drafted, logits, draft_logits, draft_probs, result)
         return result
-
-    @staticmethod
-    def _finite(
-        rows: list[ScheduledRow],
-        drawing: list[int],
-        logits: torch.Tensor,
-        draft_logits: torch.Tensor,
-    ) -> dict[int, bool]:
-        """Whether each drawing row's logits, its drafts' included, are all finite: one read
-        back for the whole step."""
-        checks = torch.isfinite(logits[drawing]).all(dim=-1)
-        if len(draft_logits):
-            checks = torch.cat([checks, torch.isfinite(draft_logits).all(dim=-1)])
-        flags = checks.tolist()
-        finite, offset = {}, len(drawing)
-        for position, index in enumerate(drawing):
-            drafts = len(rows[index].draft_token_ids)
-            finite[index] = flags[position] and all(flags[offset : offset + drafts])
-            offset += drafts
-        return finite
 
     def _draw(
         self, rows: list[ScheduledRow], plain: list[int], logits: torch.Tensor, result: StepResult
     ) -> None:
-        """One token for each plain row. A constrained row has every token its grammar refuses
-        set to -inf before penalties, temperature, top-k and top-p, and its matcher moves past
-        the token drawn; its log-probabilities stay those of the raw logits."""
+        """One token for each plain row, and whether its logits were finite, read back
+        together: the step's one transfer from the device. A constrained row has every token
+        its grammar refuses set to -inf before penalties, temperature, top-k and top-p, and
+        its matcher moves past the token drawn; its log-probabilities stay those of the raw
+        logits."""
         requests = [rows[index].request for index in plain]
         raw = logits[plain]
         masked = raw
@@ -133,19 +104,48 @@ class Sampler:
             requests, raw, masked = [requests[i] for i in kept], raw[kept], masked[kept]
         if not requests:
             return
-        tokens = sample_tokens(
+        tokens = draw_tokens(
             masked,
             [request.params for request in requests],
             [self.generators[request.request_id] for request in requests],
             [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
         )
-        for position, (request, token) in enumerate(zip(requests, tokens, strict=True)):
+        finite = torch.isfinite(raw).all(dim=-1).to(tokens.dtype)
+        drawn, finite_rows = torch.stack([tokens, finite]).tolist()
+        for position, (request, token) in enumerate(zip(requests, drawn, strict=True)):
+            if not finite_rows[position]:
+                result.failed[request.request_id] = NOT_FINITE
+                continue
             result.tokens[request.request_id] = token
             self.grammars.accept(request.request_id, token)
             if request.params.logprobs is not None:
                 result.logprobs[request.request_id] = token_logprobs(
                     raw[position], token, request.params.logprobs
                 )
+
+    def _check_drafts(
+        self,
+        rows: list[ScheduledRow],
+        drafted: list[int],
+        logits: torch.Tensor,
+        draft_logits: torch.Tensor,
+        draft_probs: Mapping[int, torch.Tensor],
+        result: StepResult,
+    ) -> None:
+        """Each drafted row's logits: its drafts' (`draft_logits`, in row order), then its
+        last position's; a row with any that is not finite fails, the others are verified."""
+        offset, checked = 0, []
+        for index in drafted:
+            drafts = len(rows[index].draft_token_ids)
+            own = draft_logits[offset : offset + drafts]
+            checked.append((rows[index], torch.cat([own, logits[index : index + 1]])))
+            offset += drafts
+        finite = torch.stack([torch.isfinite(each).all() for _, each in checked]).tolist()
+        for (row, row_logits), ok in zip(checked, finite, strict=True):
+            if not ok:
+                result.failed[row.request.request_id] = NOT_FINITE
+                continue
+            self._verify(row, row_logits, draft_probs.get(row.request.request_id), result)
 
     def _verify(
         self,
