@@ -146,6 +146,17 @@ class Request:
         self.num_discarded_tokens = max(self.num_discarded_tokens, lost)
         self.prefilling = False
 
+    def trim_drafts(self, spare: int | None) -> int | None:
+        """Cut the drafts to what `max_tokens` leaves (the step keeps at most one token past
+        them) and to `spare` positions of the step's budget (None: no budget); returns the
+        spare left. A request part way through its prefill has none."""
+        drafts = self.draft_token_ids
+        if self.prefilling:
+            drafts.clear()
+        room = self.params.max_tokens - self.num_output_tokens - 1
+        del drafts[max(0, room if spare is None else min(room, spare)) :]
+        return None if spare is None else spare - len(drafts)
+
     def append_token(self, token_id: int) -> str | None:
         """Record a sampled token; return why the request is now done, or None."""
         self.token_ids.append(token_id)

@@ -35,15 +35,17 @@ from llmengine.scheduling.block_manager import BlockManager, CachingBlockManager
 from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
 from llmengine.scheduling.policy import ALLOCATION_POLICIES
 from llmengine.scheduling.request import Request, RequestState
+from llmengine.scheduling.rules import SchedulingRules
 from llmengine.scheduling.swap_space import SwapSpace
 
 
-class Scheduler:
+class Scheduler(SchedulingRules):
     """Requests, a block pool and `num_slots` slots, under one `EngineConfig`.
 
     Built from a config, or from its fields as keywords (`Scheduler(num_blocks=8,
     block_size=4, num_slots=2)`). Three rules are methods a subclass may override to teach
-    an alternative: `select_victim`, `prefill_row` and `free_blocks_to_keep`.
+    an alternative (`SchedulingRules`): `select_victim`, `prefill_row` and
+    `free_blocks_to_keep`.
     """
 
     def __init__(self, config: EngineConfig | None = None, /, **options: Any) -> None:
@@ -138,7 +140,7 @@ class Scheduler:
         spare = self._budget_for_drafts()
         while granted < len(self.running):
             request = self.running[granted]
-            spare = self._trim_drafts(request, spare)
+            spare = request.trim_drafts(spare)
             needed = self.blocks_needed_for(request)
             # Only requests not yet granted are candidates: preempting one that has its row
             # would take back a block promised to this forward. The oldest is never a
@@ -158,16 +160,6 @@ class Scheduler:
     def _budget_for_drafts(self) -> int | None:
         budget = self.config.max_num_batched_tokens
         return None if budget is None else budget - self.num_slots
-
-    def _trim_drafts(self, request: Request, spare: int | None) -> int | None:
-        """Cut `request`'s drafts to what its max_tokens leaves (it keeps at most one token
-        past them) and to `spare` budget positions; returns the spare left."""
-        drafts = request.draft_token_ids
-        if request.prefilling:
-            drafts.clear()
-        room = request.params.max_tokens - request.num_output_tokens - 1
-        del drafts[max(0, room if spare is None else min(room, spare)) :]
-        return None if spare is None else spare - len(drafts)
 
     def _swap_in(self, out: SchedulerOutput) -> None:
         """Bring swapped requests back, first out first in, each as the decode row it left
@@ -236,27 +228,6 @@ class Scheduler:
         request.move_to(state)
         request.slot = self.free_slots.popleft()
         insort(self.running, request, key=lambda running: running.arrival)
-
-    # -- the three teaching hooks ------------------------------------------------------
-
-    def free_blocks_to_keep(self) -> int:
-        """Free blocks an admission or a swap-in must leave in the pool: the watermark.
-        Growth may spend them; only newcomers are refused."""
-        return self.config.watermark
-
-    def select_victim(self, candidates: list[Request]) -> Request:
-        """Whom to preempt when growth finds the pool dry: the youngest candidate.
-
-        `candidates` are the running requests, oldest first, from the one that needs a block
-        to the youngest. Seniority is what makes growth terminate: the oldest running request
-        is never a victim, so it always reaches its last token and frees its blocks.
-        """
-        return candidates[-1]
-
-    def prefill_row(self, request: Request, max_positions: int | None = None) -> ScheduledRow:
-        """The next chunk of `request`'s prefill, at most `max_positions` (None: all the rest):
-        resume, not restart (`ScheduledRow.prefill_chunk`)."""
-        return ScheduledRow.prefill_chunk(request, max_positions)
 
     # -- preemption --------------------------------------------------------------------
 
