@@ -103,6 +103,10 @@ class IterationOutcome:
     Speculative decoding: a row with drafts may add several tokens in one step, and its entry
     in `tokens` is then a list (`new_tokens` reads either form); `drafts` gives, for each such
     row, the tokens proposed and how many of them the model kept.
+
+    `forward` says how the step's forward ran: "decode_graph", or eager and why: "eager" (no
+    graphs asked for), "eager_prefill", "eager_drafts" or "eager_no_bucket" (more rows than
+    the largest kept bucket).
     """
 
     iteration: int
@@ -132,6 +136,7 @@ class IterationOutcome:
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     held_swap_blocks: int = 0
+    forward: str = "eager"
 
     @property
     def num_slots(self) -> int:
@@ -174,13 +179,15 @@ class StepResult:
     """What the model runner made of one step (`ModelRunner.run`): a token per sampling row
     whose logits were finite (a list for a row with drafts: those kept, then the model's own),
     the logprobs of those that asked, the prompt logprobs the prefill rows scored, the
-    requests that failed, with why, and each drafting row's proposed and kept counts."""
+    requests that failed, with why, each drafting row's proposed and kept counts, and how the
+    forward ran (`forward`, as `IterationOutcome.forward`)."""
 
     tokens: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    forward: str = "eager"
 
 
 def build_outcome(
@@ -231,4 +238,5 @@ def build_outcome(
         blocks_swapped_out=len(decision.blocks_to_swap_out),
         blocks_swapped_in=len(decision.blocks_to_swap_in),
         held_swap_blocks=decision.held_swap_blocks,
+        forward=result.forward,
     )

@@ -96,9 +96,17 @@ def run(engine: Engine, prompts, params) -> tuple[list[list[int]], list[int], in
         engine.check_integrity()
         used.append(engine.runner.graph_steps - before)
         preempted += len(outcome.evicted)
-        # The graph ran exactly when every row was a decode and some bucket held them.
+        # The graph ran exactly when every row was a decode and some bucket held them, and
+        # the outcome says so, or why not.
         decode_only = outcome.prefill_rows == 0 and outcome.rows <= 4
         assert used[-1] == (decode_only and engine.runner.graphs is not None)
+        if engine.runner.graphs is None:
+            assert outcome.forward == "eager"
+        elif used[-1]:
+            assert outcome.forward == "decode_graph"
+        else:
+            why = "eager_prefill" if outcome.prefill_rows else "eager_no_bucket"
+            assert outcome.forward == why
     return [engine.release(i).output_token_ids for i in ids], used, preempted
 
 
@@ -211,3 +219,25 @@ def test_cli_takes_decode_graph_on_generate_serve_and_bench():
         assert parser.parse_args([*argv, "--decode-graph"]).decode_graph is True
         # Left out, it is off: False, or None where the command tells given from not.
         assert not parser.parse_args(argv).decode_graph
+
+
+def test_rows_with_drafts_run_eager_and_say_so(tiny):
+    """Prompt lookup on a graph engine: a step whose decode rows carry drafts computes
+    several positions a row, which no graph takes; the text is still the eager engine's."""
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9]]
+    params = llmengine.SamplingParams(max_tokens=12, ignore_eos=True)
+    pool = {"num_blocks": 24, "block_size": 4, "num_slots": 2}
+    eager = Engine(tiny, **pool).generate(prompts, params)
+    patch = quick_graphs()
+    try:
+        engine = Engine(tiny, decode_graph=(2,), speculative="ngram", **pool)
+    finally:
+        patch.undo()
+    ids = engine.add_requests(prompts, params)
+    paths = set()
+    while engine.has_unfinished():
+        outcome = engine.step()
+        paths.add(outcome.forward)
+        assert (outcome.forward == "eager_drafts") == (outcome.num_draft_tokens > 0)
+    assert [engine.release(i).output_token_ids for i in ids] == eager
+    assert {"eager_prefill", "eager_drafts"} <= paths

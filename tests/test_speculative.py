@@ -420,4 +420,8 @@ def test_the_server_streams_the_same_text_and_counts_drafts(model, tokenizer) ->
         accepted = metrics["llmengine_spec_decode_accepted_tokens_total"]
         assert metrics["llmengine_generation_tokens_total"] == 2 * 60
         assert (drafted > 0 and 0 < accepted <= drafted) if options else drafted == 0
+        # No decode graphs here: every step ran eager, and /metrics counts them so.
+        steps = {k: v for k, v in metrics.items() if k.startswith("llmengine_forward_steps_total")}
+        assert list(steps) == ['llmengine_forward_steps_total{forward="eager"}']
+        assert steps['llmengine_forward_steps_total{forward="eager"}'] >= 60 / 5
     assert texts[0] == texts[1]

@@ -43,6 +43,12 @@ from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
+# How a step's forward ran (`StepResult.forward`): the decode graph, or eager and why.
+DECODE_GRAPH = "decode_graph"
+EAGER = "eager"  # no decode graphs were asked for
+EAGER_PREFILL = "eager_prefill"  # a prefill or a chunk of one among the rows
+EAGER_DRAFTS = "eager_drafts"  # a decode row carries drafted tokens: several positions
+EAGER_NO_BUCKET = "eager_no_bucket"  # more rows than the largest kept bucket holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,7 @@ class ForwardPlan:
     blocks_to_swap_in: list[tuple[int, int]]
     bucket: int | None = None
     logits_at: list[int] | None = None
+    path: str = EAGER
 
 
 class ModelRunner:
@@ -154,6 +161,7 @@ class ModelRunner:
         draft_probs = {} if self.drafter is None else self.drafter.probs
         result = self.sampler.sample(decision.rows, sampling, draft_logits, draft_probs)
         result.prompt_logprobs = scored
+        result.forward = plan.path
         return result
 
     def _plan(self, decision: SchedulerOutput) -> tuple[ForwardPlan, LogitsPlan | None, int]:
@@ -162,24 +170,30 @@ class ModelRunner:
         scheduled = decision.rows
         rows = [paged_row(row) for row in scheduled]
         swaps = (decision.blocks_to_swap_out, decision.blocks_to_swap_in)
-        bucket = self._decode_bucket(scheduled)
+        bucket, path = self._route(scheduled)
         if bucket is not None:
-            return ForwardPlan(rows, *swaps, bucket=bucket), None, 0
+            return ForwardPlan(rows, *swaps, bucket=bucket, path=path), None, 0
         logits_plan = self.sampler.prompt_logprobs.plan(scheduled)
         drafts_at = draft_logits_at(scheduled)
         if logits_plan is None and not drafts_at:
-            return ForwardPlan(rows, *swaps), None, 0
+            return ForwardPlan(rows, *swaps, path=path), None, 0
         last_positions = [end - 1 for end in packed_starts(scheduled)[1:]]
         logits_at = last_positions if logits_plan is None else logits_plan.logits_at
-        plan = ForwardPlan(rows, *swaps, logits_at=logits_at + drafts_at)
+        plan = ForwardPlan(rows, *swaps, logits_at=logits_at + drafts_at, path=path)
         return plan, logits_plan, len(drafts_at)
 
-    def _decode_bucket(self, rows: list[ScheduledRow]) -> int | None:
-        """The decode graph's bucket for these rows, or None when the step runs eager: no
-        graphs, a prefill, chunk or draft among the rows, or no kept bucket holds them all."""
-        if self.graphs is None or any(row.is_prefill or row.num_positions != 1 for row in rows):
-            return None
-        return self.graphs.graph_for(len(rows))
+    def _route(self, rows: list[ScheduledRow]) -> tuple[int | None, str]:
+        """The decode graph's bucket for these rows and `DECODE_GRAPH`, or None and why the
+        step runs eager: no graphs, a prefill or chunk among the rows, a row with drafts, or
+        no kept bucket that holds them all."""
+        if self.graphs is None:
+            return None, EAGER
+        if any(row.is_prefill for row in rows):
+            return None, EAGER_PREFILL
+        if any(row.num_positions != 1 for row in rows):
+            return None, EAGER_DRAFTS
+        bucket = self.graphs.graph_for(len(rows))
+        return bucket, DECODE_GRAPH if bucket is not None else EAGER_NO_BUCKET
 
     def execute(self, plan: ForwardPlan) -> torch.Tensor:
         """Run one plan on this rank: swaps, then the forward; the logits it asks for."""

@@ -324,6 +324,7 @@ class EngineLoop:
         self.metrics.spec_decode_draft_tokens.inc(outcome.num_draft_tokens)
         self.metrics.spec_decode_accepted_tokens.inc(outcome.num_accepted_tokens)
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
+        self.metrics.forward_steps.labels(outcome.forward).inc()
         self.metrics.prefix_cache_hit_tokens.inc(outcome.cached_tokens)
         finished = set(outcome.finished)
         for request_id in outcome.admitted:

@@ -68,6 +68,12 @@ class ServerMetrics:
             "Guessed tokens the model agreed with and kept",
             registry=r,
         )
+        self.forward_steps = Counter(
+            "llmengine_forward_steps",
+            "Engine steps by how their forward ran: the decode graph, or eager and why",
+            ["forward"],
+            registry=r,
+        )
         self.requests_finished = Counter(
             "llmengine_requests_finished",
             "Engine requests that ended, by how",
