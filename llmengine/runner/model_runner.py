@@ -144,6 +144,8 @@ class ModelRunner:
             self.sampler.forget(request_id)
             if self.drafter is not None:
                 self.drafter.forget(request_id)
+        if not decision.rows:
+            return StepResult()  # a decision with nothing to compute only lets go
         for row in decision.rows:
             self.sampler.take_up(row.request)
         if self.drafter is not None:
