@@ -67,6 +67,7 @@ bench: $(STAMP)
 	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_kernels.py
 	$(BIN)/python scripts/bench_tensor_parallel.py
 	$(BIN)/python scripts/bench_speculative.py
+	$(BIN)/python scripts/bench_host_time.py
 
 # llama.cpp and vLLM against llmengine on the same weights and threads (2 unless PEERS_ARGS
 # says --threads N); builds and downloads into .cache/peers/ on first use (see README).
