@@ -20,6 +20,9 @@ MAX_LOGPROBS = 20  # the most alternatives a request may ask for, as in OpenAI's
 # Below this a temperature divides float32 logits past what their range and resolution
 # honour (1e-38 overflows them to inf, and sampling turns to noise); 0 is greedy.
 MIN_TEMPERATURE = 1e-3
+# Above this (float32's largest number) a temperature is infinite to the float32 logits it
+# divides, and -inf / inf is NaN: the tokens a grammar masks out would come back.
+MAX_TEMPERATURE = 3.4028234663852886e38
 # A repetition penalty divides or multiplies float32 logits: outside this range it rounds
 # them to 0 or to inf.
 REPETITION_PENALTY_RANGE = (1e-2, 1e2)
@@ -38,8 +41,8 @@ class SamplingParams:
     """What one request asks of the sampler.
 
     - `max_tokens`: the most tokens to generate (at least 1).
-    - `temperature`: 0.0 is greedy (argmax); from `MIN_TEMPERATURE` up the logits are divided
-      by it and sampled.
+    - `temperature`: 0.0 is greedy (argmax); from `MIN_TEMPERATURE` to `MAX_TEMPERATURE` the
+      logits are divided by it and sampled.
     - `top_k`: keep only the k most likely tokens; 0 keeps all.
     - `top_p`: keep the smallest set of most likely tokens whose probability reaches top_p.
     - `seed`: draw from a private generator seeded with this, for reproducible samples.
@@ -83,6 +86,11 @@ class SamplingParams:
         if 0 < self.temperature < MIN_TEMPERATURE or self.temperature < 0:
             raise ValueError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                f"got {self.temperature}"
+            )
+        if self.temperature > MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be at most {MAX_TEMPERATURE:.4g} (float32's largest number), "
                 f"got {self.temperature}"
             )
         if not _is_int(self.top_k) or self.top_k < 0:

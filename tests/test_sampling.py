@@ -53,6 +53,7 @@ def test_stop_token_ids_become_a_tuple() -> None:
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": 1e-38}, "temperature"),
+        ({"temperature": 1e39}, "float32's largest"),
         ({"repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"repetition_penalty": 1e300}, "repetition_penalty"),
         ({"top_k": -1}, "top_k"),
@@ -65,6 +66,16 @@ def test_stop_token_ids_become_a_tuple() -> None:
 def test_invalid_values_raise_a_clear_error(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_the_largest_temperature_keeps_a_masked_token_masked() -> None:
+    """At the largest temperature a float32 holds, every allowed token is equally likely and
+    a masked one (-inf) stays impossible: the arithmetic is honoured, so it is accepted."""
+    logits = torch.tensor([3.0, float("-inf"), -2.0, float("-inf")])
+    tokens, probs = candidate_distribution(logits, SamplingParams(temperature=3.4e38))
+    assert sorted(tokens.tolist()) == [0, 1, 2, 3]
+    by_token = dict(zip(tokens.tolist(), probs.tolist(), strict=True))
+    assert by_token[1] == by_token[3] == 0.0 and by_token[0] == by_token[2] == 0.5
 
 
 def test_greedy_is_the_argmax_of_every_row() -> None:

@@ -75,6 +75,7 @@ def test_lone_surrogates_are_400_with_an_error_object(
     [
         ({"temperature": 1e-38}, "temperature"),
         ({"temperature": 1e-320}, "temperature"),
+        ({"temperature": 1e39, "structured_outputs": {"choice": ["aye", "nay"]}}, "temperature"),
         ({"repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"repetition_penalty": 1e300}, "repetition_penalty"),
         ({"stop_token_ids": [99999]}, "stop_token_ids"),

@@ -1,6 +1,7 @@
 """A step whose logits for some rows are not finite fails those requests alone: they get no
 token and are aborted, every other row goes on with exactly the tokens it would have had,
-and the pool stays whole."""
+and the pool stays whole. So does a fault traced to one request's sampling, its grammar or
+its drafts: only a fault of unknown owner (the forward) fails the step."""
 
 from __future__ import annotations
 
@@ -51,3 +52,98 @@ def test_non_finite_logits_fail_only_their_request(model, monkeypatch, value) ->
     others = [record.output_token_ids for i, record in enumerate(records) if i != 1]
     assert others == [out for i, out in enumerate(expected) if i != 1]
     assert engine.num_free_blocks == engine.num_blocks
+
+
+# Six requests: greedy, seeded and penalised side by side. The last is penalised (so its draw
+# calls `apply_penalties`) and its prompt starts with a token no other's has: poisoned, it
+# raises after the seeded rows before it in the batch have drawn.
+POISON = 61
+SIX_PROMPTS = [[2, 7], [3, 4, 8, 6], [11, 12], [13, 1, 1], [9, 9, 9, 2], [POISON, 5, 9]]
+SIX_PARAMS = [
+    llmengine.SamplingParams(max_tokens=9, ignore_eos=True),
+    llmengine.SamplingParams(max_tokens=9, temperature=0.9, seed=3, ignore_eos=True),
+    llmengine.SamplingParams(max_tokens=9, presence_penalty=0.5, ignore_eos=True),
+    llmengine.SamplingParams(max_tokens=9, temperature=1.1, top_k=20, seed=8, ignore_eos=True),
+    llmengine.SamplingParams(max_tokens=9, temperature=0.7, repetition_penalty=1.1, seed=1,
+                             ignore_eos=True),
+    llmengine.SamplingParams(max_tokens=9, repetition_penalty=1.2, ignore_eos=True),
+]  # fmt: skip
+
+
+def run_six(engine: Engine) -> tuple[list[list[int]], dict[int, str]]:
+    ids = engine.add_requests(SIX_PROMPTS, SIX_PARAMS)
+    failed: dict[int, str] = {}
+    while engine.has_unfinished():
+        outcome = engine.step()
+        engine.check_integrity()
+        assert not set(outcome.failed) & set(outcome.tokens)
+        failed.update(outcome.failed)
+    return [engine.release(request_id).output_token_ids for request_id in ids], failed
+
+
+def test_a_sampling_fault_fails_its_request_alone(model, monkeypatch) -> None:
+    """`apply_penalties` raises for one request at its third token: the batch's draw fails,
+    every seeded generator goes back to where it stood, the rows are drawn one by one, and
+    only the poisoned request fails; the five others get exactly a clean run's tokens."""
+    expected, clean_failures = run_six(Engine(model, num_blocks=48, num_slots=6))
+    assert clean_failures == {}
+    real = llmengine.sampling.apply_penalties
+
+    def poisoned(logits, params, history):  # noqa: ANN001, ANN202
+        tokens, prompt_length = history
+        if tokens[0] == POISON and len(tokens) - prompt_length == 2:
+            raise RuntimeError("poisoned")
+        return real(logits, params, history)
+
+    monkeypatch.setattr(llmengine.sampling, "apply_penalties", poisoned)
+    engine = Engine(model, num_blocks=48, num_slots=6)
+    outputs, failed = run_six(engine)
+    assert list(failed) == [5] and "sampling failed: poisoned" in failed[5]
+    assert outputs[5] == expected[5][:2]
+    assert outputs[:5] == expected[:5]
+    assert engine.num_free_blocks == engine.num_blocks
+
+
+class BrokenMatcher:
+    """A grammar matcher that fails in one of the two ways a real one can inside a step."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when
+
+    def unsafe_compute_mask_ptr(self, pointer: int, size: int) -> None:
+        if self.when == "mask":
+            raise RuntimeError("Current row has 5001 items; max is 2000")
+
+    def consume_token(self, token: int) -> bool:
+        return self.when != "accept"
+
+    def get_error(self) -> str:
+        return "refused"
+
+
+@pytest.mark.parametrize("when", ["mask", "accept"])
+def test_a_grammar_that_fails_inside_the_step_fails_alone(model, tokenizer, when) -> None:
+    """One constrained request's matcher raises while its mask is computed, or refuses the
+    token its own mask allowed: that request fails with no token (no text its grammar
+    refuses ever leaves the engine), and the five others keep a clean run's tokens."""
+    constrained = llmengine.SamplingParams(
+        max_tokens=9, constraint=llmengine.Constraint.regex("[a-z ]+")
+    )
+    params = [*SIX_PARAMS[:5], constrained]
+    expected = Engine(model, num_blocks=48, num_slots=6, tokenizer=tokenizer).generate(
+        SIX_PROMPTS, params
+    )
+    engine = Engine(model, num_blocks=48, num_slots=6, tokenizer=tokenizer)
+    ids = engine.add_requests(SIX_PROMPTS, params)
+    first = engine.step()
+    assert ids[5] in first.tokens
+    engine.runner.sampler.grammars._matchers[ids[5]] = BrokenMatcher(when)
+    second = engine.step()
+    assert list(second.failed) == [ids[5]] and ids[5] not in second.tokens
+    reason = "the grammar failed" if when == "mask" else "keeping token"
+    assert reason in second.failed[ids[5]]
+    while engine.has_unfinished():
+        engine.step()
+    outputs = [engine.release(request_id).output_token_ids for request_id in ids]
+    assert outputs[5] == expected[5][:1]
+    assert outputs[:5] == expected[:5]

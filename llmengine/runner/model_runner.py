@@ -146,8 +146,12 @@ class ModelRunner:
                 self.drafter.forget(request_id)
         if not decision.rows:
             return StepResult()  # a decision with nothing to compute only lets go
+        failed: dict[int, str] = {}
         for row in decision.rows:
-            self.sampler.take_up(row.request)
+            try:
+                self.sampler.take_up(row.request)
+            except Exception as error:  # its grammar's matcher, say: its row computes, unsampled
+                failed[row.request.request_id] = f"taking the request up failed: {error}"
         if self.drafter is not None:
             self.drafter.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
             self.drafter.propose(decision.rows, self.sampler.generators)
@@ -161,7 +165,7 @@ class ModelRunner:
             sampling, owed = logits_plan.split(own)
             scored = self.sampler.prompt_logprobs.score(logits_plan, owed)
         draft_probs = {} if self.drafter is None else self.drafter.probs
-        result = self.sampler.sample(decision.rows, sampling, draft_logits, draft_probs)
+        result = self.sampler.sample(decision.rows, sampling, draft_logits, draft_probs, failed)
         result.prompt_logprobs = scored
         result.forward = plan.path
         return result

@@ -65,16 +65,24 @@ class Sampler:
         logits: torch.Tensor,
         draft_logits: torch.Tensor,
         draft_probs: Mapping[int, torch.Tensor],
+        failed: Mapping[int, str] | None = None,
     ) -> StepResult:
         """The tokens of every row that samples: `logits` `[rows, vocab]` are each row's last
         position's, `draft_logits` those that check the rows' drafts (`draft_logits_at`, in
         row order), `draft_probs` the distributions a draft model drew a sampled row's drafts
         from. A prefill chunk that stops short of its request's last token draws nothing: its
         logits predict a token the request already has, and drawing would move the
-        generator."""
-        result = StepResult()
-        plain = [i for i, row in enumerate(rows) if row.samples and not row.draft_token_ids]
-        drafted = [i for i, row in enumerate(rows) if row.draft_token_ids]
+        generator. The requests in `failed` (with why) draw nothing and stay failed: one
+        request's fault is never another's."""
+        result = StepResult(failed=dict(failed or {}))
+        plain = [
+            index
+            for index, row in enumerate(rows)
+            if row.samples
+            and not row.draft_token_ids
+            and row.request.request_id not in result.failed
+        ]
+        drafted = [index for index, row in enumerate(rows) if row.draft_token_ids]
         if plain:
             self._draw(rows, plain, logits, result)
         if drafted:
@@ -88,40 +96,72 @@ class Sampler:
         together: the step's one transfer from the device. A constrained row has every token
         its grammar refuses set to -inf before penalties, temperature, top-k and top-p, and
         its matcher moves past the token drawn; its log-probabilities stay those of the raw
-        logits."""
+        logits. A row whose grammar, draw or log-probabilities raise fails alone."""
         requests = [rows[index].request for index in plain]
         raw = logits[plain]
         masked = raw
-        allowed = self.grammars.allowed([request.request_id for request in requests])
+        allowed = self.grammars.allowed([r.request_id for r in requests], result.failed)
         if allowed is not None:
             masked = raw.masked_fill(~allowed.to(raw.device), float("-inf"))
             kept = []
             for position, ok in enumerate(allowed.any(dim=-1).tolist()):
+                request_id = requests[position].request_id
                 if ok:
                     kept.append(position)
-                else:
-                    result.failed[requests[position].request_id] = NO_TOKEN_ALLOWED
+                elif request_id not in result.failed:
+                    result.failed[request_id] = NO_TOKEN_ALLOWED
             requests, raw, masked = [requests[i] for i in kept], raw[kept], masked[kept]
         if not requests:
             return
-        tokens = draw_tokens(
-            masked,
-            [request.params for request in requests],
-            [self.generators[request.request_id] for request in requests],
-            [(request.token_ids, len(request.prompt_token_ids)) for request in requests],
-        )
+        tokens = self._tokens(requests, masked, result)
         finite = torch.isfinite(raw).all(dim=-1).to(tokens.dtype)
         drawn, finite_rows = torch.stack([tokens, finite]).tolist()
         for position, (request, token) in enumerate(zip(requests, drawn, strict=True)):
-            if not finite_rows[position]:
-                result.failed[request.request_id] = NOT_FINITE
+            request_id = request.request_id
+            if request_id in result.failed:
                 continue
-            result.tokens[request.request_id] = token
-            self.grammars.accept(request.request_id, token)
-            if request.params.logprobs is not None:
-                result.logprobs[request.request_id] = token_logprobs(
-                    raw[position], token, request.params.logprobs
-                )
+            if not finite_rows[position]:
+                result.failed[request_id] = NOT_FINITE
+                continue
+            try:
+                self.grammars.accept(request_id, token)
+                if request.params.logprobs is not None:
+                    result.logprobs[request_id] = token_logprobs(
+                        raw[position], token, request.params.logprobs
+                    )
+            except Exception as error:
+                result.failed[request_id] = f"keeping token {token} failed: {error}"
+                continue
+            result.tokens[request_id] = token
+
+    def _tokens(
+        self, requests: list[Request], logits: torch.Tensor, result: StepResult
+    ) -> torch.Tensor:
+        """`draw_tokens` for these rows, on the device. If the batch raises, each seeded
+        generator goes back to where it stood and the rows are drawn one by one, so a row
+        that raises alone fails alone and every other row draws exactly what it would have
+        (its token is then 0, never kept)."""
+        params = [request.params for request in requests]
+        generators = [self.generators[request.request_id] for request in requests]
+        histories = [(request.token_ids, len(request.prompt_token_ids)) for request in requests]
+        states = [None if g is None else g.get_state() for g in generators]
+        try:
+            return draw_tokens(logits, params, generators, histories)
+        except Exception:
+            pass  # a fault of some row, or of none: drawing them one by one tells which
+        for generator, state in zip(generators, states, strict=True):
+            if generator is not None:
+                generator.set_state(state)
+        tokens = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
+        for row, request in enumerate(requests):
+            try:
+                tokens[row : row + 1] = draw_tokens(
+                    logits[row : row + 1], params[row : row + 1], generators[row : row + 1],
+                    histories[row : row + 1],
+                )  # fmt: skip
+            except Exception as error:
+                result.failed[request.request_id] = f"sampling failed: {error}"
+        return tokens
 
     def _check_drafts(
         self,
@@ -133,19 +173,27 @@ class Sampler:
         result: StepResult,
     ) -> None:
         """Each drafted row's logits: its drafts' (`draft_logits`, in row order), then its
-        last position's; a row with any that is not finite fails, the others are verified."""
+        last position's; a row with any that is not finite fails, the others are verified,
+        and one whose check raises fails alone."""
         offset, checked = 0, []
-        for index in drafted:
+        for index in drafted:  # every row with drafts: their logits lie in row order
             drafts = len(rows[index].draft_token_ids)
-            own = draft_logits[offset : offset + drafts]
-            checked.append((rows[index], torch.cat([own, logits[index : index + 1]])))
+            if rows[index].request.request_id not in result.failed:
+                own = draft_logits[offset : offset + drafts]
+                checked.append((rows[index], torch.cat([own, logits[index : index + 1]])))
             offset += drafts
+        if not checked:
+            return
         finite = torch.stack([torch.isfinite(each).all() for _, each in checked]).tolist()
         for (row, row_logits), ok in zip(checked, finite, strict=True):
+            request_id = row.request.request_id
             if not ok:
-                result.failed[row.request.request_id] = NOT_FINITE
+                result.failed[request_id] = NOT_FINITE
                 continue
-            self._verify(row, row_logits, draft_probs.get(row.request.request_id), result)
+            try:
+                self._verify(row, row_logits, draft_probs.get(request_id), result)
+            except Exception as error:
+                result.failed[request_id] = f"checking the drafts failed: {error}"
 
     def _verify(
         self,
@@ -160,5 +208,6 @@ class Sampler:
         kept = verify_drafts(
             logits, drafts, request.params, self.generators[request.request_id], draft_probs
         )
+        tokens = cut_at_finish(kept, request)
         result.drafts[request.request_id] = (len(drafts), len(kept) - 1)
-        result.tokens[request.request_id] = cut_at_finish(kept, request)
+        result.tokens[request.request_id] = tokens

@@ -40,6 +40,7 @@ from pydantic import (
 
 from llmengine.params import (
     MAX_LOGPROBS,
+    MAX_TEMPERATURE,
     MIN_TEMPERATURE,
     REPETITION_PENALTY_RANGE,
     SamplingParams,
@@ -74,6 +75,8 @@ class StreamOptions(BaseModel):
 def _temperature_in_range(value: float) -> float:
     if value != 0 and value < MIN_TEMPERATURE:
         raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+    if value > MAX_TEMPERATURE:
+        raise ValueError(f"must be at most {MAX_TEMPERATURE:.4g} (float32's largest number)")
     return value
 
 

@@ -76,9 +76,13 @@ class RequestGrammars:
     def is_constrained(self, request_id: int) -> bool:
         return request_id in self._matchers
 
-    def allowed(self, request_ids: Sequence[int]) -> torch.Tensor | None:
+    def allowed(
+        self, request_ids: Sequence[int], failed: dict[int, str] | None = None
+    ) -> torch.Tensor | None:
         """`[rows, vocab]` booleans, True where row i's grammar allows the token (every token
-        for an unconstrained row); None when no row is constrained."""
+        for an unconstrained row); None when no row is constrained. A matcher that raises
+        while computing its mask allows nothing, and its request is put in `failed` with why
+        (raised when no `failed` is given)."""
         rows = [row for row, request_id in enumerate(request_ids) if request_id in self._matchers]
         if not rows:
             return None
@@ -87,9 +91,15 @@ class RequestGrammars:
         bitmask = torch.full((len(request_ids), words), -1, dtype=torch.int32)
         for row in rows:
             view = bitmask[row]
-            self._matchers[request_ids[row]].unsafe_compute_mask_ptr(
-                view.data_ptr(), view.numel() * view.element_size()
-            )
+            try:
+                self._matchers[request_ids[row]].unsafe_compute_mask_ptr(
+                    view.data_ptr(), view.numel() * view.element_size()
+                )
+            except Exception as error:
+                if failed is None:
+                    raise
+                view.zero_()
+                failed[request_ids[row]] = f"the grammar failed: {error}"
         # Token 32w + i is bit i of word w: little-endian bytes, each read low bit first.
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
         allowed = torch.from_numpy(bits[:, : self._vocab_size]).bool()
