@@ -21,10 +21,11 @@ from typing import Any
 
 from llmengine.engine_config import EngineConfig
 from llmengine.model.llama import Llama
-from llmengine.outcome import IterationOutcome, PoolShape, build_outcome
+from llmengine.outcome import IterationOutcome, PoolShape, StepResult, build_outcome
 from llmengine.params import check_prompt
 from llmengine.runner.model_runner import ModelRunner
 from llmengine.sampling import SamplingParams
+from llmengine.scheduling.decision import SchedulerOutput
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.scheduler import Scheduler
 from llmengine.speculative.speculator import Speculator
@@ -238,13 +239,22 @@ class Engine:
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         self.speculator.propose(self.scheduler.running)
         decision = self.scheduler.schedule()
-        result = self.runner.run(decision)
+        result = self._run(decision)
         finished = self.scheduler.update(decision, result.tokens)
         for request_id in result.failed:
             self.abort(request_id)
         outcome = build_outcome(self.iteration, decision, finished, result, self.pool)
         self.iteration += 1
         return outcome
+
+    def _run(self, decision: SchedulerOutput) -> StepResult:
+        """The runner's share of the step. Should it raise, the blocks the decision offered to
+        the prefix cache never got their K/V, and the scheduler forgets them first."""
+        try:
+            return self.runner.run(decision)
+        except BaseException:
+            self.scheduler.forward_failed(decision)
+            raise
 
     def check_integrity(self) -> None:
         """The scheduler's invariants: each pool's free plus held is its size, every slot and

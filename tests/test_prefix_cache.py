@@ -113,6 +113,22 @@ def test_free_keeps_keyed_blocks_cached_and_counts_them_free() -> None:
     pool.check_integrity()
 
 
+def test_uncache_forgets_keys_and_frees_what_nobody_holds() -> None:
+    """Blocks whose K/V a failed forward never wrote: a held one stays held but unkeyed, an
+    evictable one becomes plainly free, and no lookup finds either."""
+    pool = CachingBlockPool(3)
+    held, loose = cached_blocks(pool, [4, 4, 5, 5], 2)
+    pool.free([loose])
+    assert num_evictable(pool) == 1
+    pool.uncache([held, loose, 2])  # block 2 was never keyed: nothing to forget
+    assert pool.lookup(prefix_keys([4, 4, 5, 5], 2)) == []
+    assert pool.key_of(held) is None and pool.refcount(held) == 1
+    assert num_evictable(pool) == 0 and num_keyed(pool) == 0 and pool.num_free == 2
+    pool.free([held])
+    assert pool.num_free == 3
+    pool.check_integrity()
+
+
 def test_take_of_an_evictable_block_removes_it_from_the_eviction_order() -> None:
     pool = CachingBlockPool(2)
     older = cached_blocks(pool, [1, 1], 2)

@@ -147,3 +147,32 @@ def test_a_grammar_that_fails_inside_the_step_fails_alone(model, tokenizer, when
     outputs = [engine.release(request_id).output_token_ids for request_id in ids]
     assert outputs[5] == expected[5][:1]
     assert outputs[:5] == expected[:5]
+
+
+def test_a_failed_forward_leaves_no_cached_block_without_its_k_v(model, monkeypatch) -> None:
+    """The forward of a prefill raises: the full blocks the decision offered to the prefix
+    cache never got their K/V. Once the request is aborted, the same prompt finds none of
+    them and gets a clean engine's tokens."""
+    prompt = list(range(1, 14))  # three full blocks of 4, and a fourth begun
+    params = llmengine.SamplingParams(max_tokens=6, ignore_eos=True)
+    pool = {"num_blocks": 16, "block_size": 4, "enable_prefix_caching": True}
+    expected = Engine(model, **pool).generate([prompt], params)
+    engine = Engine(model, **pool)
+    request_id = engine.add_request(prompt, params)
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the forward failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner_module, "paged_forward", failing)
+        with pytest.raises(RuntimeError, match="the forward failed"):
+            engine.step()
+    engine.abort(request_id)
+    engine.check_integrity()
+    again = engine.add_request(prompt, params)
+    first = engine.step()
+    assert first.cached_tokens == 0
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.release(again).output_token_ids == expected[0]
+    assert engine.num_free_blocks == engine.num_blocks

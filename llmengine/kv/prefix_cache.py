@@ -200,6 +200,19 @@ class CachingBlockPool:
         self._block_of[key] = block_id
         return True
 
+    def uncache(self, block_ids: Sequence[int]) -> None:
+        """Forget the keys of these blocks (those that have one): their K/V is not what the
+        key says (a forward that was to write it failed). A held block stays held, unkeyed;
+        an evictable one becomes free."""
+        for block_id in block_ids:
+            key = self._key_of.pop(block_id, None)
+            if key is None:
+                continue
+            del self._block_of[key]
+            if block_id in self._evictable:
+                del self._evictable[block_id]
+                self._free.append(block_id)
+
     def lookup(self, keys: Sequence[BlockKey]) -> list[int]:
         """The cached blocks (held or evictable) of the longest leading run of `keys`.
 

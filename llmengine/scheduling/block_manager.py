@@ -56,8 +56,13 @@ class BlockManager:
         """Give a (re)admitted request its cached prefix `hits` and `needed` fresh blocks."""
         self.allocate(request, needed)
 
-    def offer_full_blocks(self, request: Request, end_position: int) -> None:
-        """A row of `request` computes up to `end_position`: nothing to cache."""
+    def offer_full_blocks(self, request: Request, end_position: int) -> list[int]:
+        """A row of `request` computes up to `end_position`: nothing to cache (the blocks it
+        registered in the cache: none)."""
+        return []
+
+    def uncache(self, block_ids: list[int]) -> None:
+        """Blocks whose K/V a failed forward never wrote: nothing cached, nothing to forget."""
 
     def free(self, request: Request) -> None:
         """Empty `request`'s table (positions and blocks) and give its blocks back."""
@@ -124,15 +129,24 @@ class CachingBlockManager(BlockManager):
             request.block_table.append(len(hits) * self.block_size)
         self.allocate(request, needed)
 
-    def offer_full_blocks(self, request: Request, end_position: int) -> None:
-        """Register every block of `request` that positions up to `end_position` fill."""
+    def offer_full_blocks(self, request: Request, end_position: int) -> list[int]:
+        """Register every block of `request` that positions up to `end_position` fill; the
+        blocks this call registered."""
         table = request.block_table
         full = end_position // self.block_size
         keys = self._block_keys(request, full)
+        registered = []
         for index in range(request.num_registered_blocks, full):
-            if self.pool.key_of(table.block_ids[index]) is None:
-                self.pool.register(table.block_ids[index], keys[index])
+            block_id = table.block_ids[index]
+            if self.pool.key_of(block_id) is None and self.pool.register(block_id, keys[index]):
+                registered.append(block_id)
         request.num_registered_blocks = max(request.num_registered_blocks, full)
+        return registered
+
+    def uncache(self, block_ids: list[int]) -> None:
+        """Forget the keys of blocks whose K/V a failed forward never wrote, so that no later
+        request finds them."""
+        self.pool.uncache(block_ids)
 
     def _give_back(self, request: Request, block_ids: list[int]) -> None:
         """Tail first, so the pool evicts a request's tail before the prefix other requests

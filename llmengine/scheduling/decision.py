@@ -114,6 +114,10 @@ class SchedulerOutput:
     `finished_request_ids` names the requests that finished or were aborted since the last
     decision: whoever carries decisions out (the model runner) lets go of what it kept for
     them (generators, grammar matchers, a draft model's progress).
+
+    `cached_blocks` are the blocks the decision offered to the prefix cache before the
+    forward that fills them: should that forward fail, their keys are forgotten
+    (`Scheduler.forward_failed`).
     """
 
     rows: list[ScheduledRow] = field(default_factory=list)
@@ -126,6 +130,7 @@ class SchedulerOutput:
     held_blocks: int = 0
     held_swap_blocks: int = 0
     finished_request_ids: list[int] = field(default_factory=list)
+    cached_blocks: list[int] = field(default_factory=list)
 
 
 def packed_starts(rows: list[ScheduledRow]) -> list[int]:

@@ -214,7 +214,9 @@ class Scheduler(SchedulingRules):
         out.rows.append(row)
         # A draft's K/V is not the request's until the model keeps it: only offer blocks
         # the request's own tokens fill.
-        self.blocks.offer_full_blocks(row.request, row.end_position - len(row.draft_token_ids))
+        out.cached_blocks += self.blocks.offer_full_blocks(
+            row.request, row.end_position - len(row.draft_token_ids)
+        )
 
     def _budget_left(self, out: SchedulerOutput) -> int | None:
         """Positions the rows decided so far leave of the step's budget; None: no budget."""
@@ -313,6 +315,11 @@ class Scheduler(SchedulingRules):
                     self._done_since_last.append(request.request_id)
                     break
         return finished
+
+    def forward_failed(self, out: SchedulerOutput) -> None:
+        """The forward that carried `out` out raised: the blocks it offered to the prefix
+        cache hold no K/V of theirs, and no later request may find them."""
+        self.blocks.uncache(out.cached_blocks)
 
     # -- integrity ---------------------------------------------------------------------
 
