@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from llmengine.scheduling.request import Request
 
 
+# How a step's forward ran (`IterationOutcome.forward`): the decode graph, or eager and why.
+DECODE_GRAPH = "decode_graph"
+EAGER = "eager"  # no decode graphs were asked for
+EAGER_PREFILL = "eager_prefill"  # a prefill or a chunk of one among the rows
+EAGER_DRAFTS = "eager_drafts"  # a decode row carries drafted tokens: several positions
+EAGER_NO_BUCKET = "eager_no_bucket"  # more rows than the largest kept bucket holds
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
     """The log-probability of one sampled token and of the most likely tokens at its position.
@@ -136,7 +144,7 @@ class IterationOutcome:
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     held_swap_blocks: int = 0
-    forward: str = "eager"
+    forward: str = EAGER
 
     @property
     def num_slots(self) -> int:
@@ -187,7 +195,7 @@ class StepResult:
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
-    forward: str = "eager"
+    forward: str = EAGER
 
 
 def build_outcome(

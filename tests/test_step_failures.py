@@ -31,6 +31,18 @@ def poisoned_forward(poisoned_step: int, row: int, value: float):
     return forward
 
 
+def step_to_the_end(engine: Engine) -> dict[int, str]:
+    """Step until nothing is unfinished, checking the pool after every step and that no
+    request both got a token and failed; every failure, with why."""
+    failed: dict[int, str] = {}
+    while engine.has_unfinished():
+        outcome = engine.step()
+        engine.check_integrity()
+        assert not set(outcome.failed) & set(outcome.tokens)
+        failed.update(outcome.failed)
+    return failed
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_logits_fail_only_their_request(model, monkeypatch, value) -> None:
     expected = Engine(model, num_blocks=32, num_slots=4).generate(PROMPTS, PARAMS)
@@ -38,12 +50,7 @@ def test_non_finite_logits_fail_only_their_request(model, monkeypatch, value) ->
     ids = engine.add_requests(PROMPTS, [PARAMS] * len(PROMPTS))
     # Step 3 is a decode of all four rows; row 1 is request ids[1].
     monkeypatch.setattr(runner_module, "paged_forward", poisoned_forward(3, 1, value))
-    failed: dict[int, str] = {}
-    while engine.has_unfinished():
-        outcome = engine.step()
-        engine.check_integrity()
-        assert not set(outcome.failed) & set(outcome.tokens)
-        failed.update(outcome.failed)
+    failed = step_to_the_end(engine)
     assert list(failed) == [ids[1]] and "not finite" in failed[ids[1]]
     records = [engine.release(request_id) for request_id in ids]
     assert records[1].state == llmengine.RequestState.ABORTED
@@ -72,12 +79,7 @@ SIX_PARAMS = [
 
 def run_six(engine: Engine) -> tuple[list[list[int]], dict[int, str]]:
     ids = engine.add_requests(SIX_PROMPTS, SIX_PARAMS)
-    failed: dict[int, str] = {}
-    while engine.has_unfinished():
-        outcome = engine.step()
-        engine.check_integrity()
-        assert not set(outcome.failed) & set(outcome.tokens)
-        failed.update(outcome.failed)
+    failed = step_to_the_end(engine)
     return [engine.release(request_id).output_token_ids for request_id in ids], failed
 
 

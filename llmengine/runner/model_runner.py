@@ -29,7 +29,14 @@ import torch
 from llmengine.engine_config import EngineConfig
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
-from llmengine.outcome import StepResult
+from llmengine.outcome import (
+    DECODE_GRAPH,
+    EAGER,
+    EAGER_DRAFTS,
+    EAGER_NO_BUCKET,
+    EAGER_PREFILL,
+    StepResult,
+)
 from llmengine.prompt_logprobs import LogitsPlan
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.draft import DraftModel, load_draft
@@ -43,12 +50,6 @@ from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
-# How a step's forward ran (`StepResult.forward`): the decode graph, or eager and why.
-DECODE_GRAPH = "decode_graph"
-EAGER = "eager"  # no decode graphs were asked for
-EAGER_PREFILL = "eager_prefill"  # a prefill or a chunk of one among the rows
-EAGER_DRAFTS = "eager_drafts"  # a decode row carries drafted tokens: several positions
-EAGER_NO_BUCKET = "eager_no_bucket"  # more rows than the largest kept bucket holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,6 @@ class ModelRunner:
         leader: bool = True,
     ) -> None:
         self.model = model
-        self.config = config
         self.cache = paged_cache_for(model, config)
         self.compiled_layers: CompiledLayers | None = None
         self.compile_seconds = 0.0

@@ -21,10 +21,9 @@ ROUNDS = 3  # eager and graph timed in turn, so a neighbour's burst of load hits
 
 def drop_slower_graphs(
     graphs: DecodeGraphs, eager: Callable[[list[PagedRow]], torch.Tensor]
-) -> dict[int, tuple[float, float]]:
-    """Time every bucket's graph against `eager` on its dummy rows, drop the buckets whose
-    graph is not faster, and return the timings, bucket: (eager ms, graph ms)."""
-    timings = {}
+) -> None:
+    """Time every bucket's graph against `eager` on its dummy rows, and drop the buckets whose
+    graph is not faster."""
     with torch.inference_mode():
         for bucket in list(graphs.buckets):
             rows = graphs.dummy_rows(bucket)
@@ -32,10 +31,8 @@ def drop_slower_graphs(
             for _ in range(ROUNDS):
                 eager_ms = min(eager_ms, best_ms(lambda rows=rows: eager(rows), 3))
                 graph_ms = min(graph_ms, best_ms(lambda rows=rows, b=bucket: graphs(rows, b), 3))
-            timings[bucket] = (eager_ms, graph_ms)
             if graph_ms >= eager_ms:
                 graphs.drop(bucket)
-    return timings
 
 
 def best_ms(step: Callable[[], object], repeats: int = 5) -> float:

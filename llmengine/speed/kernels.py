@@ -253,10 +253,9 @@ class ChosenKernels:
         return self.names[-1] if self.names else "eager"
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the chosen kernel."""
-        # Inductor cannot lower the prepared kernels for a symbolic row count: a compiled
-        # forward takes the plain weight and leaves the product to inductor's own choice.
-        if self.is_eager or torch.compiler.is_compiling():
+        """`F.linear(x, weight, bias)` for `x` `[..., in]`, through the chosen kernel (eager
+        only: inside a compiled graph `Product` leaves the product to inductor)."""
+        if self.is_eager:
             return F.linear(x, self.weight, bias)
         rows = x.reshape(-1, x.shape[-1])
         name = self.kernel_for(rows.shape[0])

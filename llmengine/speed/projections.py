@@ -114,6 +114,6 @@ class Product:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and isinstance(self.kernel, ChosenKernels):
             # Inside a graph inductor chooses the product's kernel itself (it cannot lower the
-            # prepared ones), from the parameters it may freeze.
+            # prepared ones for a symbolic row count), from the parameters it may freeze.
             return F.linear(x, self.weight, self.bias)
         return self.kernel.linear(x, self._bias)

@@ -60,12 +60,6 @@ class RequestGrammars:
             self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos_token_ids)
         return self._compiler
 
-    def check(self, params: SamplingParams) -> None:
-        """Compile the request's constraint now (cached), so that a bad one is refused before
-        the request is queued; nothing for an unconstrained request."""
-        if params.constraint is not None:
-            self.compiler.compile(params.constraint)
-
     def add(self, request_id: int, params: SamplingParams) -> None:
         if params.constraint is not None:
             self._matchers[request_id] = self.compiler.matcher(params.constraint)
