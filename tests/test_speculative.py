@@ -86,8 +86,9 @@ def test_the_finishing_token_ends_what_is_kept() -> None:
 )
 def test_sampled_verification_draws_each_token_from_the_models_distribution(params) -> None:
     """Whatever the drafts, the first token kept is distributed as p0, and the second, when
-    the first is the draft, as p1: checked by chi-square over 10,000 seeded draws."""
-    from llmengine.sampling import candidate_distribution
+    the first is the draft, as p1 (the plain sampler's, logit bias included): checked by
+    chi-square over 10,000 seeded draws."""
+    from llmengine.sampling import apply_logit_bias, candidate_distribution
 
     torch.manual_seed(0)
     vocab = 6
@@ -95,7 +96,7 @@ def test_sampled_verification_draws_each_token_from_the_models_distribution(para
     drafts = [2, 4]
     dists = []
     for position in range(3):
-        tokens, probs = candidate_distribution(logits[position], params)
+        tokens, probs = candidate_distribution(apply_logit_bias(logits[position], params), params)
         full = torch.zeros(vocab)
         full[tokens] = probs
         dists.append(full)
