@@ -22,7 +22,7 @@ from typing import Any
 from llmengine.engine_config import EngineConfig
 from llmengine.model.llama import Llama
 from llmengine.outcome import IterationOutcome, PoolShape, StepResult, build_outcome
-from llmengine.params import check_prompt
+from llmengine.params import check_logit_bias, check_prompt
 from llmengine.runner.model_runner import ModelRunner
 from llmengine.sampling import SamplingParams
 from llmengine.scheduling.decision import SchedulerOutput
@@ -147,13 +147,14 @@ class Engine:
         """Queue a prompt; returns its request id.
 
         Everything is checked before anything changes: an empty prompt, a token id outside the
-        vocabulary, a worst case (prompt plus max_tokens) beyond the empty pool, or a
-        constraint that does not compile (compiled here, once per distinct constraint) raises
-        ValueError and leaves the engine as it was.
+        vocabulary (in the prompt or in `logit_bias`), a worst case (prompt plus max_tokens)
+        beyond the empty pool, or a constraint that does not compile (compiled here, once per
+        distinct constraint) raises ValueError and leaves the engine as it was.
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt = check_prompt(prompt_token_ids, self.model.config.vocab_size)
+        check_logit_bias(params, self.model.config.vocab_size)
         if params.constraint is not None:
             self.runner.grammar_compiler.compile(params.constraint)
         request = Request(

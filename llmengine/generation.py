@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from llmengine.params import check_prompt
+from llmengine.params import check_logit_bias, check_prompt
 from llmengine.sampling import SamplingParams, finish_reason, make_generator, sample_tokens
 
 
@@ -36,6 +36,7 @@ def generate_tokens(
     """
     params = params or SamplingParams()
     prompt = check_prompt(prompt_ids, model.config.vocab_size)
+    check_logit_bias(params, model.config.vocab_size)
     eos = tuple(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     device = _model_device(model)
     generator = make_generator(params, device)
@@ -46,7 +47,7 @@ def generate_tokens(
             input_ids = torch.tensor([sequence], dtype=torch.long, device=device)
             last_logits = model(input_ids)[:, -1, :]
             history = (sequence, len(prompt))
-            token = sample_tokens(last_logits, [params], [generator], [history])[0]
+            token = sample_tokens(last_logits, [params], [generator], [history], [eos])[0]
             generated.append(token)
             sequence.append(token)
             if finish_reason(params, len(generated), token, eos) is not None:

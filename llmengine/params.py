@@ -8,7 +8,8 @@ parameters and apply the stop rule without importing the sampler.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,8 @@ MAX_TEMPERATURE = 3.4028234663852886e38
 # A repetition penalty divides or multiplies float32 logits: outside this range it rounds
 # them to 0 or to inf.
 REPETITION_PENALTY_RANGE = (1e-2, 1e2)
+# OpenAI's range for a logit bias: -100 bans a token, +100 all but forces it.
+LOGIT_BIAS_LIMIT = 100.0
 
 
 def _is_int(value: object) -> bool:
@@ -45,9 +48,19 @@ class SamplingParams:
       logits are divided by it and sampled.
     - `top_k`: keep only the k most likely tokens; 0 keeps all.
     - `top_p`: keep the smallest set of most likely tokens whose probability reaches top_p.
+    - `min_p` (in [0, 1]): after temperature, drop every token whose probability is below
+      min_p times the most likely token's (vLLM's definition; before top-k and top-p, which
+      then renormalise over what it keeps). Greedy ignores it: the argmax always stays.
     - `seed`: draw from a private generator seeded with this, for reproducible samples.
     - `stop_token_ids`: tokens that finish the request (the token is kept in the output).
     - `ignore_eos`: keep going past the model's end-of-sequence tokens.
+    - `min_tokens` (in [0, max_tokens]): until this many tokens are generated, the model's
+      end-of-sequence tokens and `stop_token_ids` cannot be drawn (their logits are -inf,
+      as in vLLM, which masks the end tokens even with `ignore_eos`).
+    - `logit_bias`: (token id, bias) pairs, bias in [-100, 100], added to the raw logits
+      before anything else, greedy rows included (OpenAI's definition: -100 bans a token,
+      +100 all but forces it). Any mapping or iterable of pairs is accepted and kept as a
+      tuple sorted by id; ids beyond the model's vocabulary are refused by the engine.
     - `presence_penalty`, `frequency_penalty` (in [-2, 2]): subtracted from the logit of every
       token already generated, once, or once per occurrence (OpenAI's definitions).
     - `repetition_penalty` (in [0.01, 100], 1 is off): divides a positive logit, multiplies a
@@ -68,9 +81,12 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -97,12 +113,20 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0 (0 keeps all), got {self.top_k!r}")
         if not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= _MAX_SEED):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         stop = tuple(self.stop_token_ids)
         if not all(_is_int(token) and token >= 0 for token in stop):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {stop!r}")
         object.__setattr__(self, "stop_token_ids", stop)
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}"
+            )
+        object.__setattr__(self, "logit_bias", _normalised_logit_bias(self.logit_bias))
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:
@@ -135,9 +159,40 @@ class SamplingParams:
         )
 
     @property
+    def adjusts_logits(self) -> bool:
+        """True when the logits change before the draw in a way that can move the argmax:
+        a logit bias, a minimum length or a penalty (such a row leaves the greedy fast path)."""
+        return bool(self.logit_bias) or self.min_tokens > 0 or self.has_penalties
+
+    @property
     def greedy(self) -> bool:
         """True when the next token is the argmax, with no randomness at all."""
         return self.temperature == 0.0
+
+
+def _normalised_logit_bias(
+    bias: Mapping[int, float] | Iterable[tuple[int, float]],
+) -> tuple[tuple[int, float], ...]:
+    """`bias` as (token id, bias) pairs sorted by id, once every id is an integer >= 0 that
+    appears once and every bias a number in [-100, 100]; ValueError naming what is wrong."""
+    try:
+        pairs = [tuple(pair) for pair in (bias.items() if isinstance(bias, Mapping) else bias)]
+    except TypeError:
+        raise ValueError(
+            f"logit_bias must map token ids to biases (or be (id, bias) pairs), got {bias!r}"
+        ) from None
+    for pair in pairs:
+        if len(pair) != 2 or not _is_int(pair[0]) or pair[0] < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {pair!r}")
+        if not _is_number(pair[1]) or not -LOGIT_BIAS_LIMIT <= pair[1] <= LOGIT_BIAS_LIMIT:
+            raise ValueError(
+                f"logit_bias of token {pair[0]} must be a number in [-100, 100], got {pair[1]!r}"
+            )
+    counts = Counter(token for token, _ in pairs)
+    repeated = sorted(token for token, count in counts.items() if count > 1)
+    if repeated:
+        raise ValueError(f"logit_bias names token ids more than once: {repeated}")
+    return tuple(sorted((token, float(value)) for token, value in pairs))
 
 
 def check_prompt(prompt_token_ids: Sequence[int], vocab_size: int) -> list[int]:
@@ -153,6 +208,16 @@ def check_prompt(prompt_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     if outside:
         raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}")
     return prompt
+
+
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """ValueError naming the `logit_bias` ids outside `[0, vocab_size)` (the first five): the
+    bias would index past the logits. `SamplingParams` cannot check it, not knowing the model."""
+    outside = [token for token, _ in params.logit_bias if token >= vocab_size]
+    if outside:
+        raise ValueError(
+            f"logit_bias token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}"
+        )
 
 
 def finish_reason(

@@ -26,6 +26,8 @@ __all__ = [
     "History",
     "SamplingParams",
     "TokenLogprobs",
+    "adjusted_logits",
+    "apply_logit_bias",
     "apply_penalties",
     "candidate_distribution",
     "dense_distribution",
@@ -34,6 +36,7 @@ __all__ = [
     "finish_reason",
     "make_generator",
     "sample_tokens",
+    "suppressed_tokens",
     "token_logprobs",
 ]
 
@@ -47,6 +50,45 @@ def make_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(params.seed)
     return generator
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Logits (`[..., vocab]`) with the request's `logit_bias` added to their tokens (a new
+    float tensor; the input is kept), or the input itself when it has none. It comes before
+    everything else, so it moves the greedy argmax as well as the sampled distribution."""
+    if not params.logit_bias:
+        return logits
+    ids, values = zip(*params.logit_bias, strict=True)
+    biased = logits.float().clone()
+    biased[..., list(ids)] += torch.tensor(values, dtype=biased.dtype, device=biased.device)
+    return biased
+
+
+def suppressed_tokens(
+    params: SamplingParams, num_generated: int, eos_token_ids: Sequence[int], vocab_size: int
+) -> list[int]:
+    """The tokens of a `vocab_size` vocabulary a request may not draw as its next one, having
+    generated `num_generated`: its stop tokens and the end-of-sequence tokens while it has
+    fewer than `min_tokens` (vLLM's rule, `ignore_eos` or not), none after. A stop token the
+    model cannot produce has no logit to mask and is left out."""
+    if num_generated >= params.min_tokens:
+        return []
+    return sorted(token for token in {*params.stop_token_ids, *eos_token_ids} if token < vocab_size)
+
+
+def adjusted_logits(
+    logits: torch.Tensor, params: SamplingParams, history: History, eos_token_ids: Sequence[int]
+) -> torch.Tensor:
+    """One row of logits as the draw sees them: the logit bias added, the tokens that would
+    end the request too soon (`suppressed_tokens`) set to -inf, then the penalties."""
+    adjusted = apply_logit_bias(logits, params)
+    token_ids, num_prompt_tokens = history
+    num_generated = len(token_ids) - num_prompt_tokens
+    banned = suppressed_tokens(params, num_generated, eos_token_ids, logits.shape[-1])
+    if banned:
+        ids = torch.tensor(banned, dtype=torch.long, device=logits.device)
+        adjusted = adjusted.float().index_fill(-1, ids, float("-inf"))
+    return apply_penalties(adjusted, params, history)
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, history: History) -> torch.Tensor:
@@ -94,14 +136,20 @@ def candidate_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens one row of logits may still draw, most likely first, and their probabilities.
 
-    Temperature, then top-k, then top-p: the candidates are sorted once (stable, so ties keep
-    vocabulary order), and top-k and top-p both cut a prefix of that order, so top_k=1 or a
-    tiny top_p leaves exactly the argmax. The probabilities are renormalised over what is
-    kept. Greedy params leave the argmax alone, with probability 1.
+    Temperature, then min-p, top-k and top-p, in vLLM's order: the candidates are sorted once
+    (stable, so ties keep vocabulary order), and each cut keeps a prefix of that order, so
+    top_k=1 or a tiny top_p leaves exactly the argmax. Min-p compares each token's probability
+    with the likeliest's over the whole vocabulary; the tokens it drops stay in the returned
+    order with probability 0 (counting them would read back from the device). The
+    probabilities are renormalised over what is kept. Greedy params leave the argmax alone,
+    with probability 1.
     """
     if params.greedy:
         return logits.argmax().view(1), torch.ones(1, device=logits.device)
     ordered, order = torch.sort(logits.float() / params.temperature, descending=True, stable=True)
+    if params.min_p:
+        probs = torch.softmax(ordered, dim=-1)
+        ordered = ordered.masked_fill(probs < params.min_p * probs[0], float("-inf"))
     if params.top_k:
         ordered = ordered[: params.top_k]
     probs = torch.softmax(ordered, dim=-1)
@@ -147,10 +195,11 @@ def sample_tokens(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     histories: Sequence[History] | None = None,
+    eos_token_ids: Sequence[Sequence[int]] | None = None,
 ) -> list[int]:
     """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`: the
     tokens of `draw_tokens`, read back in one transfer."""
-    return draw_tokens(logits, params, generators, histories).tolist()
+    return draw_tokens(logits, params, generators, histories, eos_token_ids).tolist()
 
 
 def draw_tokens(
@@ -158,13 +207,16 @@ def draw_tokens(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     histories: Sequence[History] | None = None,
+    eos_token_ids: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """One token per row of `logits` (`[rows, vocab]`), row i following `params[i]`, as a
     `[rows]` tensor on the logits' device: nothing is read back (but a top-p row's cut).
 
-    Greedy rows without penalties take the argmax together; the others are penalised (from
-    `histories[i]`, needed when any row has a penalty) and sampled one by one, each with its
-    own generator, so no row's draw depends on another row's.
+    Greedy rows that leave their logits alone take the argmax together; the others get their
+    logit bias, minimum length and penalties (`adjusted_logits`, from `histories[i]` and the
+    row's end tokens `eos_token_ids[i]`, needed when any row has a penalty or a `min_tokens`)
+    and are drawn one by one, each with its own generator, so no row's draw depends on
+    another row's.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
@@ -173,15 +225,20 @@ def draw_tokens(
         raise ValueError(
             f"{rows} rows of logits but {len(params)} params and {len(generators)} generators"
         )
-    if histories is None and any(row_params.has_penalties for row_params in params):
-        raise ValueError("a row has penalties, so sample_tokens needs every row's history")
+    if histories is None and any(p.has_penalties or p.min_tokens for p in params):
+        raise ValueError("a row has penalties or min_tokens, so sampling needs every row's history")
+    if eos_token_ids is None and any(row_params.min_tokens for row_params in params):
+        raise ValueError("a row has min_tokens, so sampling needs every row's eos_token_ids")
+    # What a row that needs neither sees in their place: no tokens, no end tokens.
+    histories = [((), 0)] * rows if histories is None else histories
+    eos_token_ids = [()] * rows if eos_token_ids is None else eos_token_ids
     tokens = logits.argmax(dim=-1)
     for row, (row_params, generator) in enumerate(zip(params, generators, strict=True)):
-        if row_params.greedy and not row_params.has_penalties:
+        if row_params.greedy and not row_params.adjusts_logits:
             continue
         row_logits = logits[row]
-        if row_params.has_penalties:
-            row_logits = apply_penalties(row_logits, row_params, histories[row])
+        if row_params.adjusts_logits:
+            row_logits = adjusted_logits(row_logits, row_params, histories[row], eos_token_ids[row])
         if row_params.greedy:
             tokens[row : row + 1] = row_logits.argmax().view(1)
         else:

@@ -81,6 +81,7 @@ def test_the_finishing_token_ends_what_is_kept() -> None:
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.7, top_k=4),
         SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.2, logit_bias={0: 1.5, 3: -0.5}),
     ],
 )
 def test_sampled_verification_draws_each_token_from_the_models_distribution(params) -> None:

@@ -25,7 +25,7 @@ from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.forward import paged_forward
 from llmengine.runner.loading import load_model
-from llmengine.sampling import dense_distribution, draw_one
+from llmengine.sampling import apply_logit_bias, dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow
 
 Generators = Mapping[int, torch.Generator | None]
@@ -109,9 +109,11 @@ class DraftModel:
     def _draw(
         self, row: ScheduledRow, logits: torch.Tensor, generators: Generators
     ) -> tuple[int, torch.Tensor | None]:
-        """One guess from the draft's logits: its argmax for a greedy row, else a draw from
-        its distribution under the row's sampling parameters (returned, dense)."""
+        """One guess from the draft's logits, with the row's logit bias (so a banned or forced
+        token is guessed as the target will judge it): its argmax for a greedy row, else a
+        draw from its distribution under the row's sampling parameters (returned, dense)."""
         params = row.request.params
+        logits = apply_logit_bias(logits, params)
         if params.greedy:
             return int(logits.argmax()), None
         dense = dense_distribution(logits, params)

@@ -26,7 +26,7 @@ import torch
 from llmengine.model.config import LlamaConfig
 from llmengine.outcome import StepResult
 from llmengine.prompt_logprobs import PromptLogprobs
-from llmengine.sampling import draw_tokens, make_generator, token_logprobs
+from llmengine.sampling import draw_tokens, make_generator, suppressed_tokens, token_logprobs
 from llmengine.scheduling.decision import ScheduledRow
 from llmengine.scheduling.request import Request
 from llmengine.speculative.verify import cut_at_finish, verify_drafts
@@ -96,12 +96,23 @@ class Sampler:
         together: the step's one transfer from the device. A constrained row has every token
         its grammar refuses set to -inf before penalties, temperature, top-k and top-p, and
         its matcher moves past the token drawn; its log-probabilities stay those of the raw
-        logits. A row whose grammar, draw or log-probabilities raise fails alone."""
+        logits. `min_tokens` takes the end and stop tokens off what the grammar allows (the
+        draw masks them again, as for any row): a grammar left allowing nothing, one that is
+        complete before `min_tokens`, fails its request alone (`NO_TOKEN_ALLOWED`), as does a
+        row whose grammar, draw or log-probabilities raise."""
         requests = [rows[index].request for index in plain]
         raw = logits[plain]
         masked = raw
         allowed = self.grammars.allowed([r.request_id for r in requests], result.failed)
         if allowed is not None:
+            for position, request in enumerate(requests):
+                banned = suppressed_tokens(
+                    request.params,
+                    request.num_output_tokens,
+                    request.eos_token_ids,
+                    allowed.shape[-1],
+                )
+                allowed[position, banned] = False
             masked = raw.masked_fill(~allowed.to(raw.device), float("-inf"))
             kept = []
             for position, ok in enumerate(allowed.any(dim=-1).tolist()):
@@ -144,9 +155,10 @@ class Sampler:
         params = [request.params for request in requests]
         generators = [self.generators[request.request_id] for request in requests]
         histories = [(request.token_ids, len(request.prompt_token_ids)) for request in requests]
+        eos_token_ids = [request.eos_token_ids for request in requests]
         states = [None if g is None else g.get_state() for g in generators]
         try:
-            return draw_tokens(logits, params, generators, histories)
+            return draw_tokens(logits, params, generators, histories, eos_token_ids)
         except Exception:
             pass  # a fault of some row, or of none: drawing them one by one tells which
         for generator, state in zip(generators, states, strict=True):
@@ -157,7 +169,7 @@ class Sampler:
             try:
                 tokens[row : row + 1] = draw_tokens(
                     logits[row : row + 1], params[row : row + 1], generators[row : row + 1],
-                    histories[row : row + 1],
+                    histories[row : row + 1], eos_token_ids[row : row + 1],
                 )  # fmt: skip
             except Exception as error:
                 result.failed[request.request_id] = f"sampling failed: {error}"

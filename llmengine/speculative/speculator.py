@@ -30,7 +30,7 @@ class Speculator:
         if not self.enabled:
             return
         for request in running:
-            if not request.prefilling and can_speculate(request.params):
+            if not request.prefilling and can_speculate(request.params, request.num_output_tokens):
                 if self.by_draft_model:
                     request.draft_token_ids = [0] * self.k  # the draft model's places
                 else:

@@ -8,9 +8,13 @@ distribution for the token after draft j - 1 (the request's last token for j = 0
 - Sampled: the rule of Leviathan et al. (2023). Draft d was drawn from the proposer's q (a
   draft model's distribution, or a point mass on d for prompt lookup); keep it with
   probability min(1, p(d) / q(d)), where p is the sampler's own distribution (temperature,
-  top-k, top-p); on the first refusal draw from max(p - q, 0), renormalised; if all k are
-  kept, draw the next token from p. Each token is then distributed exactly as p, whatever
-  the proposer guessed.
+  min-p, top-k, top-p); on the first refusal draw from max(p - q, 0), renormalised; if all
+  k are kept, draw the next token from p. Each token is then distributed exactly as p,
+  whatever the proposer guessed.
+Either way the logits carry the request's logit bias first, as the plain sampler's do. A
+request with `min_tokens` is not drafted until it has that many tokens (`can_speculate`):
+from then on no position's end tokens are masked, so its drafted rows see the logits the
+plain sampler would.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from llmengine.params import SamplingParams
-from llmengine.sampling import dense_distribution, draw_one
+from llmengine.sampling import apply_logit_bias, dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow, packed_starts
 from llmengine.scheduling.request import Request
 
@@ -36,6 +40,7 @@ def verify_drafts(
     drafts picked for sure."""
     if logits.shape[0] != len(drafts) + 1:
         raise ValueError(f"{len(drafts)} drafts need {len(drafts) + 1} rows of logits")
+    logits = apply_logit_bias(logits, params)
     if params.greedy:
         targets = logits.argmax(dim=-1).tolist()
         kept = []
@@ -61,10 +66,17 @@ def verify_drafts(
     return [*kept, int(draw_one(dense_distribution(logits[-1], params), generator))]
 
 
-def can_speculate(params: SamplingParams) -> bool:
-    """Whether a request's rows may carry drafts: not when its sampler needs one position at
-    a time (penalties that move with every token, logprobs per token, a grammar's mask)."""
-    return not params.has_penalties and params.logprobs is None and params.constraint is None
+def can_speculate(params: SamplingParams, num_output_tokens: int = 0) -> bool:
+    """Whether a request with `num_output_tokens` generated may carry drafts now: not when its
+    sampler needs one position at a time (penalties that move with every token, logprobs per
+    token, a grammar's mask), nor while `min_tokens` still masks its end tokens (drafts
+    checked against unmasked logits could end it too soon)."""
+    return (
+        not params.has_penalties
+        and params.logprobs is None
+        and params.constraint is None
+        and num_output_tokens >= params.min_tokens
+    )
 
 
 def cut_at_finish(kept: list[int], request: Request) -> list[int]:
