@@ -273,6 +273,9 @@ def test_chat_prompt_fields_reach_the_plain_template(server: Served, tokenizer: 
     assert answer["choices"][0]["message"]["content"].startswith("Good morrow")
     both = {**chat, "continue_final_message": True}  # add_generation_prompt defaults to true
     refusal(server.post("/v1/chat/completions", both), "continue_final_message")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    forced = {**chat, "echo": True, "tools": [tool], "tool_choice": "required"}
+    refusal(server.post("/v1/chat/completions", forced), "echo")
     bare = server.post("/v1/chat/completions", {**chat, "add_generation_prompt": False}).json()
     assert bare["usage"]["prompt_tokens"] == len(
         tokenizer.encode(plain_prompt(messages, add_generation_prompt=False))

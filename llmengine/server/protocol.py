@@ -409,6 +409,15 @@ class ChatCompletionRequest(SamplingFields):
     audio: refused("audio") = None
     modalities: refused("modalities", ["text"]) = None
 
+    @field_validator("echo")
+    @classmethod
+    def _no_echo_before_a_forced_call(cls, value: bool, info: ValidationInfo) -> bool:
+        choice = info.data.get("tool_choice")
+        if value and (choice == "required" or isinstance(choice, NamedToolChoice)):
+            raise ValueError("a required tool call is JSON alone; it cannot start with the "
+                             "last message")  # fmt: skip
+        return value
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _no_reserved_template_args(cls, value: dict | None) -> dict | None:
