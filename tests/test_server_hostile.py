@@ -85,7 +85,7 @@ def test_lone_surrogates_are_400_with_an_error_object(
         ({"stream": "yes"}, "stream"),
         ({"max_tokens": "3"}, "max_tokens"),
         ({"best_of": 2}, "best_of"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"one": 5}}, "logit_bias"),
         ({"suffix": "x"}, "suffix"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         (

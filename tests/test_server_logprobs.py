@@ -20,6 +20,7 @@ from llmengine.sampling import SamplingParams
 from llmengine.server.choices import ChoiceRun
 from llmengine.server.engine_loop import TokenEvent
 from llmengine.server.serving import chat_logprobs, completion_logprobs
+from llmengine.server.text_stream import TextOptions
 
 SAMPLING_LANDED = {"logprobs", "repetition_penalty"} <= set(SamplingParams.__dataclass_fields__)
 needs_sampling = pytest.mark.skipif(
@@ -67,7 +68,7 @@ def run_choice(tokenizer: Any, texts: list[str], stop: tuple[str, ...] = ()) -> 
     loop = FakeLoop(events)
 
     async def collect() -> list:
-        run = await ChoiceRun.start(loop, tokenizer, [[1]], [SamplingParams()], stop)  # type: ignore[arg-type]
+        run = await ChoiceRun.start(loop, tokenizer, [[1]], [SamplingParams()], TextOptions(stop))  # type: ignore[arg-type]
         return [delta async for delta in run.deltas()]
 
     return asyncio.run(collect()), loop

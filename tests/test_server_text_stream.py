@@ -1,4 +1,5 @@
-"""TextStream: stop strings cut the text, across tokens; held-back text is never lost."""
+"""TextStream: stop strings cut the text, across tokens; held-back text is never lost; a matched
+stop string kept on request; none counting before min_tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 import llmengine
-from llmengine.server.text_stream import TextStream
+from llmengine.server.text_stream import TextOptions, TextStream
 
 
 class Letters:
@@ -78,3 +79,20 @@ def test_the_pieces_join_into_the_decoded_text_on_the_real_tokenizer(
     assert "".join(pieces) == stream.text == decoded[:cut]
     assert all("\ufffd" not in piece for piece in pieces)
     assert stream.decoded_length >= len(stream.text)
+
+
+def test_include_stop_keeps_the_matched_stop_string_and_ends_there() -> None:
+    stream = TextStream(LETTERS, TextOptions(("bcd",), include_stop=True))
+    pieces = feed(stream, LETTERS.ids("x", "ab", "c", "d", "e"))
+    assert "".join(pieces) == stream.text == "xabcd" and stream.stopped
+
+
+def test_no_stop_string_counts_in_the_text_of_the_first_min_tokens_minus_one_tokens() -> None:
+    ids = LETTERS.ids("x", "d", "c", "d", "e")
+    stream = TextStream(LETTERS, TextOptions(("d",), min_tokens=3))
+    pieces = feed(stream, ids)
+    # "xd" (two tokens) goes out unsearched; token 3 on is searched: the second "d" stops it.
+    assert pieces[:2] == ["x", "d"] and stream.text == "xdc" and stream.stopped
+    # A stop string that starts in the unsearched text does not count either.
+    stream = TextStream(LETTERS, TextOptions(("dc",), min_tokens=3))
+    assert "".join(feed(stream, ids)) == "xdcde" and not stream.stopped

@@ -3,8 +3,11 @@
 A checkpoint whose `tokenizer_config.json` has a `chat_template` (a Jinja template, or a
 list of named ones, of which "default" is used) is rendered with jinja2 in a sandbox, as
 transformers' `apply_chat_template` does, with `messages`, `tools` (when the request has
-them), `add_generation_prompt=True`, `bos_token` and `eos_token`; the rendered text already
-holds whatever special tokens the template writes, so it is encoded without adding more.
+them), `add_generation_prompt` (true unless asked otherwise), `bos_token`, `eos_token` and
+the request's `chat_template_kwargs`; the rendered text already holds whatever special
+tokens the template writes, so it is encoded without adding more (unless
+`add_special_tokens`). With `continue_final_message` the text is cut right after the last
+message's content, as transformers does, so the model goes on with that message.
 
 A checkpoint with no template (the embedded Shakespeare model has none) gets the plain
 template, which writes each message as a speech heading the way the model's training text
@@ -20,7 +23,10 @@ does, a blank line between messages, and ends with the assistant's heading:
 
 An assistant message's tool calls follow its text, one JSON object per line
 (`{"name": ..., "arguments": ...}`), and a tool's answer is a `TOOL:` speech. The plain text
-is encoded like any prompt (with the tokenizer's BOS, as in training).
+is encoded like any prompt (with the tokenizer's BOS, as in training, whatever
+`add_special_tokens` says: this template writes it). Without `add_generation_prompt` the
+assistant's heading is left out; with `continue_final_message` the last speech ends where
+its text does. It reads no `chat_template_kwargs`.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ def chat_template_of(folder: Path, tokenizer: Any = None) -> str | None:
 
 
 Message = tuple[str, str] | Mapping[str, Any]  # (role, text), or a message's fields
+# What the server itself passes to a template: `chat_template_kwargs` may not set these.
+RESERVED_TEMPLATE_ARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+)
 
 
 def message_fields(message: Message) -> dict[str, Any]:
@@ -55,7 +65,11 @@ def message_fields(message: Message) -> dict[str, Any]:
     return dict(message)
 
 
-def plain_prompt(messages: Sequence[Message]) -> str:
+def plain_prompt(
+    messages: Sequence[Message],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
     """The plain template: `ROLE:` headings, a blank line between, the assistant's to end."""
     turns = []
     for message in map(message_fields, messages):
@@ -67,7 +81,9 @@ def plain_prompt(messages: Sequence[Message]) -> str:
         ]
         text = "\n".join(part for part in (message["content"], *calls) if part)
         turns.append(f"{message['role'].upper()}:\n{text}\n\n")
-    return "".join(turns) + "ASSISTANT:\n"
+    if continue_final_message:
+        return "".join(turns).removesuffix("\n\n")
+    return "".join(turns) + ("ASSISTANT:\n" if add_generation_prompt else "")
 
 
 class ChatFormatter:
@@ -85,28 +101,55 @@ class ChatFormatter:
             self._template = environment.from_string(template)
 
     def token_ids(
-        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         """The prompt of `messages` ((role, text) pairs or message dicts) and the request's
         `tools` (which only a checkpoint's own template shows the model), ready for the engine.
 
-        ValueError when the template refuses them (its `raise_exception`) or fails.
+        ValueError when the template refuses them (its `raise_exception`) or fails, or when
+        the last message to continue is not in the rendered text.
         """
         if self._template is None:
-            return list(self.tokenizer.encode(plain_prompt(messages)))
+            text = plain_prompt(messages, add_generation_prompt, continue_final_message)
+            return list(self.tokenizer.encode(text))
         from jinja2 import TemplateError
 
+        fields = [message_fields(message) for message in messages]
         try:
             text = self._template.render(
-                messages=[message_fields(message) for message in messages],
+                **(template_kwargs or {}),
+                messages=fields,
                 tools=None if tools is None else list(tools),
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
                 bos_token=getattr(self.tokenizer, "bos_token", None) or "",
                 eos_token=getattr(self.tokenizer, "eos_token", None) or "",
             )
         except TemplateError as error:
             raise ValueError(f"the chat template failed: {error}") from None
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        if continue_final_message:
+            text = _cut_after(text, fields[-1].get("content") or "")
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def _cut_after(text: str, final: str) -> str:
+    """`text` up to the end of its last occurrence of `final` (the message to continue), as
+    transformers cuts it: the template may strip the message's surrounding spaces."""
+    stripped = final.strip()
+    if not stripped or stripped not in text:
+        raise ValueError("continue_final_message: the chat template does not write the last "
+                         "message's text, so there is nothing to continue")  # fmt: skip
+    start = text.rindex(stripped)
+    kept = final.lstrip()
+    if text[start : start + len(kept)] == kept:
+        return text[: start + len(kept)]
+    return text[: start + len(stripped)]
 
 
 def _raise_exception(message: str) -> None:

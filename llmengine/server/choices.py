@@ -16,7 +16,7 @@ from typing import Any
 
 from llmengine.params import SamplingParams
 from llmengine.server.engine_loop import EngineLoop, PromptEvent, TokenEvent
-from llmengine.server.text_stream import TextStream
+from llmengine.server.text_stream import TextOptions, TextStream
 
 # The engine's reasons, as OpenAI spells them: an end-of-sequence token is a stop.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -59,13 +59,14 @@ class _Choice:
         self,
         index: int,
         tokenizer: Any,
-        stop: Sequence[str],
+        options: TextOptions,
         prompt: list[int],
         echo: str | None,
         scores_prompt: bool,
     ) -> None:
         self.index = index
-        self.text = TextStream(tokenizer, stop)
+        self.text = TextStream(tokenizer, options)
+        self.generated = 0  # tokens generated so far
         self.pending: list[TokenLogprob] = []
         self.prompt = prompt
         self.echo = echo
@@ -82,7 +83,7 @@ class ChoiceRun:
     raises the engine's ValueError (a prompt that cannot fit) or `QueueFull` before anything
     is generated. `deltas` yields until every choice has ended; `close` aborts the choices
     still running, and the caller calls it however it finishes (a client gone, an error).
-    `completion_tokens` counts every token generated.
+    `completion_tokens` counts every token generated; `usage_of` one choice's tokens so far.
     """
 
     def __init__(
@@ -90,7 +91,7 @@ class ChoiceRun:
         engine_loop: EngineLoop,
         tokenizer: Any,
         added: Any,
-        stop: Sequence[str],
+        text: TextOptions,
         prompts: Sequence[list[int]],
         params: Sequence[SamplingParams],
         echo: Sequence[str] | None = None,
@@ -101,7 +102,7 @@ class ChoiceRun:
         self._tokenizer = tokenizer
         self._choices = {
             rid: _Choice(
-                i, tokenizer, stop, list(prompts[i]), None if echo is None else echo[i],
+                i, tokenizer, text, list(prompts[i]), None if echo is None else echo[i],
                 scores_prompt=params[i].prompt_logprobs is not None,
             )
             for i, rid in enumerate(ids)
@@ -120,19 +121,25 @@ class ChoiceRun:
         tokenizer: Any,
         prompts: Sequence[list[int]],
         params: Sequence[SamplingParams],
-        stop: Sequence[str],
+        text: TextOptions,
         echo: Sequence[str] | None = None,
         only_prompt: bool = False,
     ) -> ChoiceRun:
-        """Add the choices; `echo` (a text per choice) starts each choice's text with it, and
-        `only_prompt` ends each choice once its prompt is scored, with no generated token
-        (the engine's one is dropped): OpenAI's `echo` with `max_tokens: 0`."""
+        """Add the choices, whose tokens become text as `text` says; `echo` (a text per
+        choice) starts each choice's text with it, and `only_prompt` ends each choice once its
+        prompt is scored, with no generated token (the engine's one is dropped): OpenAI's
+        `echo` with `max_tokens: 0`."""
         added = await engine_loop.add(prompts, params)
-        return cls(engine_loop, tokenizer, added, stop, prompts, params, echo, only_prompt)
+        return cls(engine_loop, tokenizer, added, text, prompts, params, echo, only_prompt)
 
     def prompt_logprobs(self, index: int) -> list[Any]:
         """Choice `index`'s prompt scores so far (`TokenLogprobs`, prompt token 1 on)."""
         return self._by_index[index].prompt_logprobs
+
+    def usage_of(self, index: int) -> tuple[int, int]:
+        """Choice `index`'s prompt tokens and the tokens it has generated so far."""
+        choice = self._by_index[index]
+        return len(choice.prompt), choice.generated
 
     @property
     def num_choices(self) -> int:
@@ -165,6 +172,7 @@ class ChoiceRun:
                 yield Delta(choice.index, "", finish_reason="length")
                 continue
             self.completion_tokens += 1
+            choice.generated += 1
             delta = _advance(choice, event, self._token_text)
             if delta.finish_reason is not None:
                 self._live.discard(event.request_id)

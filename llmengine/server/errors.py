@@ -88,5 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        # Starlette's own headers go on: a 405 carries `Allow`, the methods the path takes.
         kind = "not_found" if error.status_code == 404 else None
-        return APIError(error.status_code, str(error.detail), code=kind).response()
+        return APIError(
+            error.status_code, str(error.detail), code=kind, headers=error.headers
+        ).response()

@@ -1,14 +1,19 @@
 """The request bodies the server accepts, as pydantic models, and their sampling parameters.
 
 The fields and defaults are OpenAI's (temperature 1.0, top_p 1.0, n 1; `max_tokens` 16 for
-completions, its legacy default), plus vLLM's extensions `top_k`, `repetition_penalty`,
-`stop_token_ids` and `ignore_eos`. Types are strict (`"n": "2"` is refused, not read as 2)
-and ranges are checked here, so a bad value is a 400 naming its field; `SamplingParams`
-checks again. A field this server does not implement (`logit_bias`, `best_of`, `suffix`,
-...) is refused with a 400 naming it rather than ignored, so a client never takes prose for
-what it asked. `response_format`, vLLM's `structured_outputs` and (chat) `tools` with
-`tool_choice` constrain the output (`llmengine.server.structured`). `user` is accepted and
-not used (OpenAI keeps it for abuse monitoring).
+completions, its legacy default), plus vLLM's extensions: `top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`, `skip_special_tokens`,
+`include_stop_str_in_output`, `truncate_prompt_tokens` (the prompt's last k tokens),
+`add_special_tokens`, `stream_options.continuous_usage_stats`, `request_id` (the response's
+id is `cmpl-` or `chatcmpl-` and it) and, for chat, `add_generation_prompt`,
+`continue_final_message`, `chat_template_kwargs` and `echo`. Types are strict (`"n": "2"` is
+refused, not read as 2, while `63.0` is the integer 63) and ranges are checked here, so a
+bad value is a 400 naming its field; `SamplingParams` checks again. `llmengine.server.fields`
+lists the fields accepted and not used (bookkeeping such as `user` and `metadata`) and those
+refused by name because ignoring them would change the answer (`best_of`, `suffix`, ...);
+any other field is refused with a 400 naming it, so a client never takes prose for what it
+asked. `response_format`, vLLM's `structured_outputs` and (chat) `tools` with `tool_choice`
+constrain the output (`llmengine.server.structured`).
 
 One request is at most `MAX_CHOICES` engine requests (prompts x n): everything it costs
 before the engine sees it is bounded by that.
@@ -31,7 +36,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictInt,
     StrictStr,
     ValidationInfo,
     field_validator,
@@ -45,6 +49,15 @@ from llmengine.params import (
     REPETITION_PENALTY_RANGE,
     SamplingParams,
 )
+from llmengine.server.chat import RESERVED_TEMPLATE_ARGS
+from llmengine.server.fields import (
+    REFUSED,
+    Integer,
+    LogitBias,
+    Stop,
+    logit_bias_pairs,
+    refused,
+)
 from llmengine.server.structured import (
     NamedToolChoice,
     ResponseFormat,
@@ -55,6 +68,7 @@ from llmengine.server.structured import (
     response_format_constraint,
     tool_call_constraint,
 )
+from llmengine.server.text_stream import TextOptions
 from llmengine.structured.constraint import Constraint
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
@@ -62,14 +76,21 @@ MAX_N = 64
 MAX_CHOICES = 256  # prompts x n in one request
 STRICT = ConfigDict(extra="forbid", strict=True)
 
-TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+TokenId = Annotated[Integer, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
+    """What a stream reports besides text: the usage at its end (`include_usage`), and then
+    also in every chunk, that choice's so far (`continuous_usage_stats`, vLLM's).
+    `include_obfuscation` is accepted either way; no chunk ever carries an obfuscation field."""
+
     model_config = STRICT
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    include_obfuscation: bool | None = None
 
 
 def _temperature_in_range(value: float) -> float:
@@ -107,14 +128,17 @@ class SamplingFields(BaseModel):
     model_config = STRICT
 
     model: str | None = None
-    user: str | None = None  # accepted, not used
     temperature: Temperature | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both keep every token
-    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
-    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
-    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    top_k: Annotated[Integer, Field(ge=-1)] | None = None  # -1 and 0 both keep every token
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[Integer, Field(ge=0, lt=2**64)] | None = None
+    stop: Stop | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    n: Annotated[Integer, Field(ge=1, le=MAX_N)] = 1
+    min_tokens: Annotated[Integer, Field(ge=0)] = 0
+    logit_bias: LogitBias | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: (
@@ -122,10 +146,22 @@ class SamplingFields(BaseModel):
         | None
     ) = None
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[Integer, Field(ge=1)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's
+    request_id: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    # Accepted and not used (`llmengine.server.fields.UNUSED`).
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[StrictStr, Any] | None = None
+    service_tier: str | None = None
+    priority: Integer | None = None
+    # Refused unless they ask for nothing (`llmengine.server.fields.REFUSED`).
+    use_beam_search: refused("use_beam_search", False) = None
+    length_penalty: refused("length_penalty", 1.0) = None
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +205,23 @@ class SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk carries its choice's usage so far (with include_usage, as in
+        vLLM)."""
+        options = self.stream_options
+        return self.include_usage and options is not None and options.continuous_usage_stats
+
+    @property
+    def text_options(self) -> TextOptions:
+        """How the choices' tokens become their text."""
+        return TextOptions(
+            self.stop_strings,
+            include_stop=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            min_tokens=self.min_tokens,
+        )
+
     def sampling_params(
         self,
         max_tokens: int,
@@ -179,14 +232,18 @@ class SamplingFields(BaseModel):
     ) -> SamplingParams:
         """The engine parameters of sample `sample` (0 to n-1) of one prompt.
 
-        Only the penalties and logprobs a request sets are passed on, so the defaults are
-        `SamplingParams`' own.
+        Only the penalties, `min_p`, `min_tokens`, `logit_bias` and logprobs a request sets
+        are passed on, so the defaults are `SamplingParams`' own.
         """
         options: dict[str, Any] = {}
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
             value = getattr(self, name)
             if value is not None:
                 options[name] = value
+        if self.min_tokens:
+            options["min_tokens"] = self.min_tokens
+        if self.logit_bias:
+            options["logit_bias"] = logit_bias_pairs(self.logit_bias)
         if logprobs is not None:
             options["logprobs"] = logprobs
         if prompt_logprobs is not None:
@@ -214,9 +271,19 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
     echo: bool = False  # before max_tokens, whose check reads it
-    max_tokens: Annotated[int, Field(ge=0)] | None = DEFAULT_COMPLETION_TOKENS
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # vLLM's
+    max_tokens: Annotated[Integer, Field(ge=0)] | None = DEFAULT_COMPLETION_TOKENS
+    logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    prompt_logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # vLLM's
+    add_special_tokens: bool = True  # the tokenizer's BOS before each text prompt
+    best_of: Integer | None = None  # refused unless it equals n
+    suffix: refused("suffix", "") = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n"):
+            raise ValueError(REFUSED["best_of"])
+        return value
 
     @field_validator("max_tokens")
     @classmethod
@@ -320,13 +387,58 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions: messages, rendered through the chat template."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[Integer, Field(ge=1)] | None = None
+    max_tokens: Annotated[Integer, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[Integer, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # How the messages become the prompt (vLLM's): see `llmengine.server.chat`.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
+    add_special_tokens: bool = False  # the template writes the special tokens it needs
+    echo: bool = False  # the reply starts with the last message when that is an assistant's
+    # Accepted and not used (`llmengine.server.fields.UNUSED`).
+    reasoning_effort: str | None = None
+    prediction: dict[StrictStr, Any] | None = None
+    # Refused unless they ask for nothing (`llmengine.server.fields.REFUSED`).
+    functions: refused("functions", []) = None
+    function_call: refused("function_call") = None
+    audio: refused("audio") = None
+    modalities: refused("modalities", ["text"]) = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo_before_a_forced_call(cls, value: bool, info: ValidationInfo) -> bool:
+        choice = info.data.get("tool_choice")
+        if value and (choice == "required" or isinstance(choice, NamedToolChoice)):
+            raise ValueError("a required tool call is JSON alone; it cannot start with the "
+                             "last message")  # fmt: skip
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_template_args(cls, value: dict | None) -> dict | None:
+        for name in sorted(RESERVED_TEMPLATE_ARGS & set(value or ())):
+            raise ValueError(f"{name} is the server's to set (from the request's own fields)")
+        return value
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_or_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("needs add_generation_prompt: false (the last message goes on, "
+                             "so no new one starts)")  # fmt: skip
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
 
     @field_validator("tool_choice")
     @classmethod

@@ -27,6 +27,7 @@ from llmengine.server.chat import ChatFormatter
 from llmengine.server.choices import ChoiceRun, Delta, TokenLogprob
 from llmengine.server.engine_loop import EngineLoop, EngineStopped, QueueFull, RequestFailed
 from llmengine.server.errors import APIError, bad_request
+from llmengine.server.prompts import chat_echo, chat_prompt, completion_prompt
 from llmengine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -130,12 +131,13 @@ class Serving:
     def check_token_fields(self, body: SamplingFields) -> None:
         """Token ids and counts the model's vocabulary can honour."""
         vocab = self.vocab_size
-        for token in body.stop_token_ids or ():
-            if token >= vocab:
-                raise bad_request(
-                    f"stop_token_ids: {token} is not one of this model's {vocab} token ids",
-                    param="stop_token_ids",
-                )
+        for name in ("stop_token_ids", "logit_bias"):
+            for token in map(int, getattr(body, name) or ()):
+                if token >= vocab:
+                    raise bad_request(
+                        f"{name}: {token} is not one of this model's {vocab} token ids",
+                        param=name,
+                    )
         if body.top_k is not None and body.top_k > vocab:
             raise bad_request(
                 f"top_k: {body.top_k} is more than this model's {vocab} tokens",
@@ -183,6 +185,11 @@ class Serving:
         try:
             for prompt, budget in zip(prompts, max_tokens, strict=True):
                 self.check_length(prompt, budget)
+                if body.min_tokens > budget:
+                    raise bad_request(
+                        f"min_tokens ({body.min_tokens}) is more than max_tokens ({budget})",
+                        param="min_tokens",
+                    )
                 for sample in range(body.n):
                     engine_prompts.append(prompt)
                     params.append(body.sampling_params(budget, sample, k, prompt_k, constraint))
@@ -201,7 +208,7 @@ class Serving:
         """Add the choices to the engine; the engine's refusals become HTTP errors."""
         try:
             return await ChoiceRun.start(
-                self.engine_loop, self.tokenizer, prompts, params, body.stop_strings,
+                self.engine_loop, self.tokenizer, prompts, params, body.text_options,
                 echo, only_prompt,
             )  # fmt: skip
         except QueueFull as error:
@@ -221,7 +228,10 @@ class Serving:
         # Tokenising up to MAX_CHOICES texts is CPU work: off the event loop, so that
         # /health and the other clients' streams do not wait for it.
         texts = body.prompts()
-        prompts = await asyncio.to_thread(lambda: [self._encode(p) for p in texts])
+        special, keep = body.add_special_tokens, body.truncate_prompt_tokens
+        prompts = await asyncio.to_thread(
+            lambda: [completion_prompt(self.tokenizer, p, special, keep) for p in texts]
+        )
         # max_tokens 0 (with echo) still runs the prefill, which samples one token: dropped.
         budget = max(body.budget, 1)
         constraint = await self.constraint_of(body)
@@ -229,11 +239,12 @@ class Serving:
             body, prompts, [budget] * len(prompts), body.logprobs, body.prompt_scores, constraint
         )
         echo = None
-        if body.echo:
-            echoed = await asyncio.to_thread(lambda: [self._decode(p) for p in texts])
+        if body.echo:  # a truncated prompt echoes what is left of it
+            shown = texts if keep is None else prompts
+            echoed = await asyncio.to_thread(lambda: [self._decode(p) for p in shown])
             echo = [text for text in echoed for _ in range(body.n)]
         run = await self.start(body, engine_prompts, params, echo, body.budget == 0)
-        shaper = _Shaper("cmpl", "text_completion", self.served_model_name)
+        shaper = _Shaper("cmpl", "text_completion", self.served_model_name, body.request_id)
 
         def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict:
             shaped = {
@@ -257,12 +268,8 @@ class Serving:
 
     async def chat_completions(self, body: ChatCompletionRequest, receive: Receive) -> Response:
         self.check_model(body.model)
-        messages = [message.template_fields() for message in body.messages]
-        tools = (
-            None if body.tools is None else [t.model_dump(exclude_none=True) for t in body.tools]
-        )
         try:
-            prompt = await asyncio.to_thread(self.chat.token_ids, messages, tools)
+            prompt = await asyncio.to_thread(chat_prompt, self.chat, body)
         except ValueError as error:
             raise bad_request(f"the chat template refused the messages: {error}") from None
         max_tokens = body.requested_max_tokens or self.max_fit - len(prompt)
@@ -275,9 +282,10 @@ class Serving:
         engine_prompts, params = self.sampling(
             body, [prompt], [max_tokens], body.num_logprobs, constraint=constraint
         )
-        run = await self.start(body, engine_prompts, params)
+        echo = chat_echo(body)
+        run = await self.start(body, engine_prompts, params, None if echo is None else [echo])
         kind = "chat.completion.chunk" if body.stream else "chat.completion"
-        shaper = _Shaper("chatcmpl", kind, self.served_model_name)
+        shaper = _Shaper("chatcmpl", kind, self.served_model_name, body.request_id)
         # A stream holds a tool call's text (and logprobs) back until its choice ends.
         held_text = [""] * run.num_choices
         held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.num_choices)]
@@ -314,11 +322,6 @@ class Serving:
             return EventStreamResponse(chunks, run.close)
         return await _collect(run, shaper, receive, len(prompt), choice, body.logprobs, body.n)
 
-    def _encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt))
-        return prompt
-
     def _decode(self, prompt: str | list[int]) -> str:
         """A prompt as its echo shows it: the text given, or what the token ids decode to
         (special tokens left out, as in generated text and in the logprobs' offsets)."""
@@ -348,8 +351,10 @@ ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], "dict | None"]
 class _Shaper:
     """The envelope every response and chunk of one request shares."""
 
-    def __init__(self, prefix: str, object_name: str, model: str) -> None:
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+    def __init__(
+        self, prefix: str, object_name: str, model: str, request_id: str | None = None
+    ) -> None:
+        self.id = f"{prefix}-{request_id or uuid.uuid4().hex}"  # vLLM's: the caller's id
         self.object = object_name
         self.created = int(time.time())
         self.model = model
@@ -407,18 +412,26 @@ async def _stream(
     *,
     chat: bool = False,
 ) -> AsyncIterator[bytes]:
-    """The response as SSE chunks; with include_usage, a last chunk with only the usage."""
-    extra = {"usage": None} if body.include_usage else {}
+    """The response as SSE chunks; with include_usage, a last chunk with only the usage, and
+    with continuous_usage_stats, every chunk carries its choice's usage so far (vLLM's)."""
+
+    def extra(index: int) -> dict[str, Any]:
+        if not body.continuous_usage:
+            return {"usage": None} if body.include_usage else {}
+        prompt, completion = run.usage_of(index)
+        counts = {"prompt_tokens": prompt, "completion_tokens": completion}
+        return {"usage": {**counts, "total_tokens": prompt + completion}}
+
     if chat:  # the first chunk of every chat choice names the role
         for i in range(run.num_choices):
             role = {"role": "assistant", "content": ""}
             first = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
-            yield sse_event(shaper.wrap([first], **extra))
+            yield sse_event(shaper.wrap([first], **extra(i)))
     try:
         async for delta in run.deltas():
             shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
             if shaped is not None:
-                yield sse_event(shaper.wrap([shaped], **extra))
+                yield sse_event(shaper.wrap([shaped], **extra(delta.index)))
     except (EngineStopped, RequestFailed) as error:
         yield sse_event(server_error(error).body())
         return
