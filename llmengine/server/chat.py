@@ -4,7 +4,9 @@ A checkpoint whose `tokenizer_config.json` has a `chat_template` (a Jinja templa
 list of named ones, of which "default" is used) is rendered with jinja2 in a sandbox, as
 transformers' `apply_chat_template` does, with `messages`, `tools` (when the request has
 them), `add_generation_prompt=True`, `bos_token` and `eos_token`; the rendered text already
-holds whatever special tokens the template writes, so it is encoded without adding more.
+holds whatever special tokens the template writes, so it is encoded without adding more. A
+tool call's `arguments`, JSON text in OpenAI's messages, reaches the template as the object
+it spells (as vLLM hands it over): templates such as Llama 3's write it with `tojson`.
 
 A checkpoint with no template (the embedded Shakespeare model has none) gets the plain
 template, which writes each message as a speech heading the way the model's training text
@@ -25,6 +27,7 @@ is encoded like any prompt (with the tokenizer's BOS, as in training).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -98,7 +101,7 @@ class ChatFormatter:
 
         try:
             text = self._template.render(
-                messages=[message_fields(message) for message in messages],
+                messages=[_with_call_objects(message_fields(message)) for message in messages],
                 tools=None if tools is None else list(tools),
                 add_generation_prompt=True,
                 bos_token=getattr(self.tokenizer, "bos_token", None) or "",
@@ -107,6 +110,21 @@ class ChatFormatter:
         except TemplateError as error:
             raise ValueError(f"the chat template failed: {error}") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _with_call_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with each tool call's JSON-text arguments parsed (left as text when they
+    are not JSON: the template then shows what was sent)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        arguments = call["function"]["arguments"]
+        if isinstance(arguments, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                arguments = json.loads(arguments)
+        calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**message, "tool_calls": calls}
 
 
 def _raise_exception(message: str) -> None:
