@@ -151,17 +151,21 @@ def test_auto_returns_the_call_the_model_wrote(server: Served, fmt: str) -> None
 
 def test_a_streamed_call_arrives_name_first_then_its_arguments(server: Served, fmt: str) -> None:
     _, output, content = FORMATS[fmt]
-    payloads = stream(server, **scripted(output))
+    options = {"logprobs": True, "stream_options": {"include_usage": True}}
+    payloads = stream(server, **options, **scripted(output))
     assert streamed_message(payloads) == (
         content or "",
         [{"name": "get_weather", "arguments": '{"city": "Verona"}'}],
         "tool_calls",
     )
-    deltas = [payload["choices"][0]["delta"] for payload in payloads]
+    deltas = [choice["delta"] for payload in payloads for choice in payload["choices"]]
     pieces = [call for delta in deltas for call in delta.get("tool_calls", [])]
     assert len(pieces) > 2  # the arguments came in several pieces
     sent = "".join(delta.get("content") or "" for delta in deltas)
     assert "<" not in sent and "{" not in sent  # no part of a call leaked as content
+    # Every token's logprob is sent once, held text's with the chunk that sends it.
+    scored = [c["logprobs"]["content"] for p in payloads for c in p["choices"] if c["logprobs"]]
+    assert sum(map(len, scored)) == payloads[-1]["usage"]["completion_tokens"]
 
 
 def test_the_openai_client_puts_a_streamed_call_together(server: Served, fmt: str) -> None:

@@ -13,8 +13,8 @@ from llmengine.server.tool_parsers import (
     Llama3JsonParser,
     NamedArguments,
     RequiredCalls,
-    ToolCall,
 )
+from llmengine.server.tool_reader import ToolCall
 
 HERMES = (
     "Let me look that up.\n<tool_call>\n"

@@ -28,17 +28,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from llmengine.server.structured import NamedToolChoice
-from llmengine.server.tool_parsers import (
-    TOOL_CALL_PARSERS,
-    NamedArguments,
-    ParsedDelta,
-    RequiredCalls,
-    ToolCall,
-)
+from llmengine.server.tool_parsers import TOOL_CALL_PARSERS, NamedArguments, RequiredCalls
+from llmengine.server.tool_reader import ParsedDelta, ToolCall
 
 
 class CallReader(Protocol):
-    """What every tool-call parser offers (`llmengine.server.tool_parsers`)."""
+    """What every tool-call parser offers (`llmengine.server.tool_reader`)."""
 
     calls: list[ToolCall]
     content: str

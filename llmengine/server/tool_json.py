@@ -41,31 +41,47 @@ class CallScan:
     end: int | None = None
 
 
+class ValueEnd:
+    """Where the JSON string, object or array starting at `start` ends, judged by brackets
+    and quotes only, read incrementally: each `advance` goes on from where the last stopped,
+    so a stream reads a long value once, not once per token."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def advance(self, text: str) -> int | None:
+        """The value's end in `text` (one past its last character); None while unfinished."""
+        for i in range(self.pos, len(text)):
+            char = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+                    if self.depth == 0:
+                        return i + 1
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        self.pos = len(text)
+        return None
+
+
 def value_end(text: str, start: int) -> int | None:
     """Where the JSON value starting at `text[start]` ends, judged by brackets and quotes
     only; None while it is unfinished. A bare scalar ends at the delimiter after it."""
     if text[start] == '"' or text[start] in _CLOSERS:
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            char = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif char == "\\":
-                    escaped = True
-                elif char == '"':
-                    in_string = False
-                    if depth == 0:
-                        return i + 1
-            elif char == '"':
-                in_string = True
-            elif char in "{[":
-                depth += 1
-            elif char in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-        return None
+        return ValueEnd(start).advance(text)
     for i in range(start, len(text)):
         if text[i] in _SCALAR_ENDS:
             return i
