@@ -115,3 +115,15 @@ def streamed_message(payloads: list[Any]) -> tuple[str, list[dict[str, str]], st
                     calls[call["index"]]["arguments"] += call["function"]["arguments"]
             reason = choice["finish_reason"] or reason
     return content, calls, reason
+
+
+REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def scripted(text: str) -> dict[str, Any]:
+    """Request fields that make greedy decoding write exactly `text`, whatever the model: a
+    `structured_outputs` regex that matches `text` alone."""
+    regex = "".join(
+        "\\n" if char == "\n" else "\\" + char if char in REGEX_META else char for char in text
+    )
+    return {"structured_outputs": {"regex": regex}, "temperature": 0, "max_tokens": 200}

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
-from server_helpers import MODEL_NAME, Served, served, sse_payloads, streamed_message
+from server_helpers import MODEL_NAME, Served, scripted, served, sse_payloads, streamed_message
 
 import llmengine
 
@@ -164,6 +164,14 @@ def test_auto_and_none_answer_in_text(server: Served) -> None:
         choice = chat(server, **fields)["choices"][0]
         assert choice["message"] == {"role": "assistant", "content": plain}
         assert choice["finish_reason"] in ("stop", "length")
+
+
+def test_without_a_tool_call_parser_a_call_the_model_writes_is_text(server: Served) -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Verona"}}\n</tool_call>'
+    for fields in ({"tool_choice": "auto"}, {}):
+        choice = chat(server, tools=[WEATHER], **fields, **scripted(text))["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": text}
+        assert choice["finish_reason"] == "stop"
 
 
 def test_a_tool_call_cut_short_by_max_tokens_comes_back_as_text(server: Served) -> None:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, Served, served, sse_payloads, streamed_message
+from server_helpers import (
+    MODEL_NAME,
+    Served,
+    scripted,
+    served,
+    sse_payloads,
+    streamed_message,
+)
 
 import llmengine
 from llmengine.cli import build_parser
@@ -62,15 +69,6 @@ FORMATS = {
         None,
     ),
 }
-REGEX_META = set("\\.+*?()|[]{}^$#&-~")
-
-
-def scripted(text: str) -> dict:
-    """Request fields that make greedy decoding write exactly `text` (a regex of it alone)."""
-    regex = "".join(
-        "\\n" if char == "\n" else "\\" + char if char in REGEX_META else char for char in text
-    )
-    return {"structured_outputs": {"regex": regex}, "temperature": 0, "max_tokens": 200}
 
 
 @pytest.fixture(scope="module")
