@@ -13,7 +13,8 @@ A finished choice whose calls were all written whole has `message.tool_calls` (e
 `arguments` the JSON text the model wrote), the text outside them as `content` (null when
 there is none) and finish_reason "tool_calls" when the model stopped on its own (a budget
 run out keeps "length"). A call begun and not finished (cut short by max_tokens, or written
-wrong) leaves the whole output as text, with the engine's finish reason.
+wrong) leaves the whole output as text, with the engine's finish reason; a stream has sent
+that call's pieces by then, and the same finish reason says they are unfinished.
 
 A stream sends a call as OpenAI does: first `{"index", "id", "type": "function",
 "function": {"name", "arguments": ""}}` once its name is known, then `{"index", "function":
