@@ -93,3 +93,37 @@ class SlowEngine(llmengine.Engine):
     def step(self) -> llmengine.IterationOutcome:
         time.sleep(self.delay)
         return super().step()
+
+
+def streamed_message(payloads: list[Any]) -> tuple[str, list[dict[str, str]], str | None]:
+    """A streamed chat choice put back together: its content, its calls and its finish
+    reason, checking each call arrives as OpenAI sends it: a first delta with the call's id,
+    type and name and empty arguments, then deltas with pieces of its arguments only."""
+    content, calls, reason = "", [], None
+    for payload in payloads:
+        for choice in payload["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls", []):
+                if call["index"] == len(calls):
+                    assert call["id"] and call["type"] == "function", call
+                    assert call["function"]["arguments"] == "", call
+                    calls.append({"name": call["function"]["name"], "arguments": ""})
+                else:
+                    assert set(call) == {"index", "function"}, call
+                    assert set(call["function"]) == {"arguments"}, call
+                    calls[call["index"]]["arguments"] += call["function"]["arguments"]
+            reason = choice["finish_reason"] or reason
+    return content, calls, reason
+
+
+REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def scripted(text: str) -> dict[str, Any]:
+    """Request fields that make greedy decoding write exactly `text`, whatever the model: a
+    `structured_outputs` regex that matches `text` alone."""
+    regex = "".join(
+        "\\n" if char == "\n" else "\\" + char if char in REGEX_META else char for char in text
+    )
+    return {"structured_outputs": {"regex": regex}, "temperature": 0, "max_tokens": 200}

@@ -11,7 +11,7 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
-from server_helpers import MODEL_NAME, Served, served, sse_payloads
+from server_helpers import MODEL_NAME, Served, scripted, served, sse_payloads, streamed_message
 
 import llmengine
 
@@ -147,13 +147,12 @@ def test_a_named_function_is_called_streamed_or_not(server: Served) -> None:
     body.update(tools=[WEATHER, SWORD], tool_choice=named, stream=True)
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as sse:
         payloads = sse_payloads(sse.iter_lines())
-    deltas = [payload["choices"][0] for payload in payloads]
-    assert not any(d["delta"].get("content") for d in deltas)
-    last = deltas[-1]
-    assert last["finish_reason"] == "tool_calls"
-    (streamed,) = last["delta"]["tool_calls"]
-    assert streamed["index"] == 0 and streamed["function"]["name"] == "get_weather"
-    assert json.loads(streamed["function"]["arguments"]) == arguments
+    content, calls, reason = streamed_message(payloads)
+    assert content == "" and reason == "tool_calls"
+    assert calls == [{"name": "get_weather", "arguments": call["function"]["arguments"]}]
+    # The arguments arrive piece by piece as they are generated, not whole at the end.
+    pieces = [c for p in payloads for c in p["choices"][0]["delta"].get("tool_calls", [])]
+    assert len(pieces) > 2
 
 
 def test_auto_and_none_answer_in_text(server: Served) -> None:
@@ -165,6 +164,14 @@ def test_auto_and_none_answer_in_text(server: Served) -> None:
         choice = chat(server, **fields)["choices"][0]
         assert choice["message"] == {"role": "assistant", "content": plain}
         assert choice["finish_reason"] in ("stop", "length")
+
+
+def test_without_a_tool_call_parser_a_call_the_model_writes_is_text(server: Served) -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Verona"}}\n</tool_call>'
+    for fields in ({"tool_choice": "auto"}, {}):
+        choice = chat(server, tools=[WEATHER], **fields, **scripted(text))["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": text}
+        assert choice["finish_reason"] == "stop"
 
 
 def test_a_tool_call_cut_short_by_max_tokens_comes_back_as_text(server: Served) -> None:

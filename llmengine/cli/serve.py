@@ -73,6 +73,7 @@ def _serve(
         max_waiting=args.max_waiting,
         chat_template=chat_template_of(folder, tokenizer),
         allowed_origins=args.allowed_origins,
+        tool_call_parser=args.tool_call_parser,
     )
     return serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
 
@@ -93,6 +94,7 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
     """`llmengine serve`: an OpenAI-compatible HTTP server in front of one engine."""
     from llmengine.server.app import MAX_WAITING
     from llmengine.server.runner import SHUTDOWN_TIMEOUT
+    from llmengine.server.tool_parsers import TOOL_CALL_PARSERS
 
     parser = subparsers.add_parser(
         "serve",
@@ -129,6 +131,12 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
         "--allowed-origins", type=origins, action="extend", default=[], metavar="ORIGINS",
         help="comma-separated web origins (https://example.org, or *) whose pages may call "
         "the API from a browser (CORS); none by default",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None, metavar="NAME",
+        help="read the model's own tool calls from tool_choice \"auto\" outputs, in this "
+        "format: hermes (<tool_call> tags) or llama3_json (Llama 3.x JSON calls); without it "
+        "such outputs are returned as text (default: none)",
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",

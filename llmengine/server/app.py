@@ -39,6 +39,7 @@ from llmengine.server.metrics import ServerMetrics
 from llmengine.server.openapi import describe
 from llmengine.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmengine.server.serving import Serving
+from llmengine.server.tool_parsers import TOOL_CALL_PARSERS
 
 MAX_BODY_BYTES = 1 << 20
 # guidellm's default sweep opens 512 streams at once: a standard sweep runs without a 429.
@@ -55,6 +56,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     chat_template: str | None = None,
     allowed_origins: Sequence[str] = (),
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
 
@@ -62,17 +64,22 @@ def create_app(
     taken (each of a request's `n` samples counts); a request that would pass it gets 429.
     `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
     plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`) whose pages
-    may call the API from a browser (CORS); none by default. The app owns the engine from its
+    may call the API from a browser (CORS); none by default. `tool_call_parser`: the format
+    (`hermes`, `llama3_json`) in which tool_choice "auto" outputs are read for calls (see
+    `llmengine.server.tool_calls`); None returns them as text. The app owns the engine from its
     startup to its shutdown: nothing else may step it meanwhile. `app.state.engine_loop`,
     `app.state.metrics` and `app.state.drain` are there to inspect. An engine built without
     a tokenizer is given this one: its constrained requests need it.
     """
+    if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown tool-call parser {tool_call_parser!r}; known: "
+                         f"{', '.join(TOOL_CALL_PARSERS)}")  # fmt: skip
     if engine.tokenizer is None:
         engine.tokenizer = tokenizer
     metrics = ServerMetrics()
     engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
     serving = Serving(engine_loop, tokenizer, ChatFormatter(tokenizer, chat_template),
-                      served_model_name)  # fmt: skip
+                      served_model_name, tool_call_parser)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

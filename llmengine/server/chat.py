@@ -7,7 +7,9 @@ them), `add_generation_prompt` (true unless asked otherwise), `bos_token`, `eos_
 the request's `chat_template_kwargs`; the rendered text already holds whatever special
 tokens the template writes, so it is encoded without adding more (unless
 `add_special_tokens`). With `continue_final_message` the text is cut right after the last
-message's content, as transformers does, so the model goes on with that message.
+message's content, as transformers does, so the model goes on with that message. A tool
+call's `arguments`, JSON text in OpenAI's messages, reaches the template as the object it
+spells (as vLLM hands it over): templates such as Llama 3's write it with `tojson`.
 
 A checkpoint with no template (the embedded Shakespeare model has none) gets the plain
 template, which writes each message as a speech heading the way the model's training text
@@ -31,6 +33,7 @@ its text does. It reads no `chat_template_kwargs`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -125,7 +128,7 @@ class ChatFormatter:
         try:
             text = self._template.render(
                 **(template_kwargs or {}),
-                messages=fields,
+                messages=[_with_call_objects(message) for message in fields],
                 tools=None if tools is None else list(tools),
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 bos_token=getattr(self.tokenizer, "bos_token", None) or "",
@@ -150,6 +153,21 @@ def _cut_after(text: str, final: str) -> str:
     if text[start : start + len(kept)] == kept:
         return text[: start + len(kept)]
     return text[: start + len(stripped)]
+
+
+def _with_call_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with each tool call's JSON-text arguments parsed (left as text when they
+    are not JSON: the template then shows what was sent)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        arguments = call["function"]["arguments"]
+        if isinstance(arguments, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                arguments = json.loads(arguments)
+        calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**message, "tool_calls": calls}
 
 
 def _raise_exception(message: str) -> None:

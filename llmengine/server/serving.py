@@ -39,7 +39,7 @@ from llmengine.server.streaming import (
     cancel_on_disconnect,
     sse_event,
 )
-from llmengine.server.tool_calls import message_of, stream_delta
+from llmengine.server.tool_calls import call_reader, finish_reason_of, message_of, stream_deltas
 from llmengine.structured.constraint import Constraint
 
 RETRY_AFTER_S = 1  # what a 429 tells a client to wait: a queue moves every engine step
@@ -98,8 +98,10 @@ class Serving:
         tokenizer: Any,
         chat: ChatFormatter,
         served_model_name: str,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.engine_loop = engine_loop
+        self.tool_call_parser = tool_call_parser  # reads "auto" outputs (tool_calls.py)
         self.tokenizer = tokenizer
         self.chat = chat
         self.served_model_name = served_model_name
@@ -286,27 +288,23 @@ class Serving:
         run = await self.start(body, engine_prompts, params, None if echo is None else [echo])
         kind = "chat.completion.chunk" if body.stream else "chat.completion"
         shaper = _Shaper("chatcmpl", kind, self.served_model_name, body.request_id)
-        # A stream holds a tool call's text (and logprobs) back until its choice ends.
-        held_text = [""] * run.num_choices
+        reader = call_reader(body.tools, body.tool_choice, self.tool_call_parser)
+        readers = [reader() for _ in range(run.num_choices)] if reader is not None else None
+        # Logprobs of text a call reader holds back wait for the chunk that sends it.
         held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.num_choices)]
 
-        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> dict | None:
+        def choice(delta: Delta, text: str, logprobs: list[TokenLogprob] | None) -> Shaped:
             reason = delta.finish_reason
+            if body.stream and readers is not None:
+                return streamed_calls(delta, text, logprobs)
             message = {"role": "assistant", "content": text}
-            if body.calls_tools:
-                if body.stream:
-                    held_text[delta.index] += text
-                    held_logprobs[delta.index].extend(logprobs or [])
-                    if reason is None:
-                        return None
-                    text, logprobs = held_text[delta.index], held_logprobs[delta.index]
-                message, reason = message_of(text, reason, body.tool_choice)
+            if readers is not None and reason is not None:
+                message, reason = message_of(text, reason, readers[delta.index])
             logprobs_field = None if not body.logprobs else chat_logprobs(logprobs or [])
             if body.stream:
-                content = stream_delta(message) if body.calls_tools else {"content": text}
                 return {
                     "index": delta.index,
-                    "delta": content if text else {},
+                    "delta": {"content": text} if text else {},
                     "logprobs": logprobs_field,
                     "finish_reason": reason,
                 }
@@ -316,6 +314,28 @@ class Serving:
                 "logprobs": logprobs_field,
                 "finish_reason": reason,
             }
+
+        def streamed_calls(
+            delta: Delta, text: str, logprobs: list[TokenLogprob] | None
+        ) -> list[dict]:
+            """A chunk per delta the choice's call reader makes; the end in the last one."""
+            assert readers is not None
+            reader, held = readers[delta.index], held_logprobs[delta.index]
+            held.extend(logprobs or [])
+            reason = delta.finish_reason
+            deltas = stream_deltas(reader, text, last=reason is not None)
+            if reason is None and not deltas:
+                return []
+            chunks = [
+                {"index": delta.index, "delta": part, "logprobs": None, "finish_reason": None}
+                for part in deltas or [{}]
+            ]
+            if body.logprobs:
+                chunks[0]["logprobs"] = chat_logprobs(held)
+            held.clear()
+            if reason is not None:
+                chunks[-1]["finish_reason"] = finish_reason_of(reader, reason)
+            return chunks
 
         if body.stream:
             chunks = _stream(run, shaper, body, len(prompt), choice, body.logprobs, chat=True)
@@ -344,8 +364,10 @@ class Serving:
         return shaped
 
 
-# A choice's shape in the response; None for a stream's delta held back (a tool call's).
-ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], "dict | None"]
+# A choice's shape in the response. A stream's delta may make several chunks (a tool call's
+# name, then its arguments) or none (text a tool-call reader holds back).
+Shaped = dict | list[dict]
+ChoiceShape = Callable[[Delta, str, "list[TokenLogprob] | None"], Shaped]
 
 
 class _Shaper:
@@ -430,8 +452,8 @@ async def _stream(
     try:
         async for delta in run.deltas():
             shaped = choice(delta, delta.text, delta.logprobs if with_logprobs else None)
-            if shaped is not None:
-                yield sse_event(shaper.wrap([shaped], **extra(delta.index)))
+            for chunk in shaped if isinstance(shaped, list) else [shaped]:
+                yield sse_event(shaper.wrap([chunk], **extra(delta.index)))
     except (EngineStopped, RequestFailed) as error:
         yield sse_event(server_error(error).body())
         return

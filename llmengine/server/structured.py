@@ -9,10 +9,10 @@
   calls, `[{"name": ..., "arguments": {...}}]` (one call at most when
   `parallel_tool_calls` is false), and a named function to that function's arguments; the
   response carries them as `message.tool_calls` (`llmengine.server.tool_calls`).
-  `"auto"` (the default when tools are given) and `"none"` leave the output free and return
-  it as text: the tools reach the chat template, so a model trained for tools sees them,
-  but this server parses no model's own tool-call syntax, so it returns a call only when
-  one was required or named.
+  `"auto"` (the default when tools are given) and `"none"` leave the output free: the tools
+  reach the chat template, so a model trained for tools sees them, and under "auto" a
+  server started with `--tool-call-parser` reads the calls the model writes in its own
+  format (`llmengine.server.tool_calls`); otherwise the output is returned as text.
 """
 
 from __future__ import annotations

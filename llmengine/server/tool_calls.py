@@ -1,56 +1,106 @@
-"""A constrained output turned into OpenAI's `message.tool_calls`.
+"""Tool calls in a chat choice's output, shaped as OpenAI's `tool_calls`, whole or streamed.
 
-Under a named function the output is that function's arguments; under "required" it is a
-list of `{"name", "arguments"}` objects (`llmengine.server.structured`). Either way the
-grammar guarantees the JSON only if the output ended on its own: one cut short by
-`max_tokens` is returned as text, with finish_reason "length". A stream holds a tool call's
-text back and sends each call whole, in the choice's last chunk, since the arguments are
-not JSON until then.
+Which output holds calls, and how they are read (`llmengine.server.tool_parsers`):
+
+- tool_choice a named function: the constrained output is that function's arguments;
+- tool_choice "required": the constrained output is a list of `{"name", "arguments"}`;
+- tool_choice "auto" (or tools with no tool_choice), when the server has a
+  `--tool-call-parser`: the free output, read in the model's own format (`hermes`,
+  `llama3_json`); an output with no call in it is plain content. Without a parser, and
+  under "none", the output is content as it is.
+
+A finished choice whose calls were all written whole has `message.tool_calls` (each call's
+`arguments` the JSON text the model wrote), the text outside them as `content` (null when
+there is none) and finish_reason "tool_calls" when the model stopped on its own (a budget
+run out keeps "length"). A call begun and not finished (cut short by max_tokens, or written
+wrong) leaves the whole output as text, with the engine's finish reason; a stream has sent
+that call's pieces by then, and the same finish reason says they are unfinished.
+
+A stream sends a call as OpenAI does: first `{"index", "id", "type": "function",
+"function": {"name", "arguments": ""}}` once its name is known, then `{"index", "function":
+{"arguments": piece}}` as its arguments are written; the pieces join into the arguments a
+non-streamed response returns. Text that may yet start a call is held back.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from llmengine.server.structured import NamedToolChoice
+from llmengine.server.tool_parsers import TOOL_CALL_PARSERS, NamedArguments, RequiredCalls
+from llmengine.server.tool_reader import ParsedDelta, ToolCall
 
 
-def tool_calls_of(text: str, tool_choice: Any) -> list[dict[str, Any]] | None:
-    """The calls in a finished output, as `message.tool_calls`; None when `text` is not a
-    whole call (its budget ran out first)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+class CallReader(Protocol):
+    """What every tool-call parser offers (`llmengine.server.tool_reader`)."""
+
+    calls: list[ToolCall]
+    content: str
+    complete: bool
+
+    def feed(self, text: str) -> ParsedDelta: ...
+    def finish(self) -> ParsedDelta: ...
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]: ...
+
+
+def call_reader(
+    tools: list[Any] | None, tool_choice: Any, parser_name: str | None
+) -> Callable[[], CallReader] | None:
+    """What makes a choice's call reader for this request; None when its output is text."""
+    if tools is None:
         return None
     if isinstance(tool_choice, NamedToolChoice):
-        calls = [(tool_choice.function.name, text)]
-    else:
-        calls = [
-            (call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in value
-        ]
-    return [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        for name, arguments in calls
-    ]
+        name = tool_choice.function.name
+        return lambda: NamedArguments(name)
+    if tool_choice == "required":
+        return RequiredCalls
+    if tool_choice in (None, "auto") and parser_name is not None:
+        return TOOL_CALL_PARSERS[parser_name]
+    return None
 
 
-def message_of(text: str, finish_reason: str | None, tool_choice: Any) -> tuple[dict, str | None]:
-    """A finished tool-call choice's message and finish reason: the calls with "tool_calls",
-    or the text as it is with the engine's reason when it holds no whole call."""
-    calls = tool_calls_of(text, tool_choice) if finish_reason == "stop" else None
-    if calls is None:
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason_of(reader: CallReader, engine_reason: str) -> str:
+    """ "tool_calls" for calls written whole by a model that stopped on its own."""
+    if reader.complete and reader.calls and engine_reason == "stop":
+        return "tool_calls"
+    return engine_reason
+
+
+def message_of(text: str, finish_reason: str, reader: CallReader) -> tuple[dict, str]:
+    """A finished choice's message and finish reason."""
+    content, calls = reader.parse(text)
+    if not reader.complete or not calls:
         return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    shaped = [
+        {"id": _call_id(), "type": "function",
+         "function": {"name": call.name, "arguments": call.arguments}}
+        for call in calls
+    ]  # fmt: skip
+    message = {"role": "assistant", "content": content, "tool_calls": shaped}
+    return message, finish_reason_of(reader, finish_reason)
 
 
-def stream_delta(message: dict[str, Any]) -> dict[str, Any]:
-    """A finished message as a stream's last delta: each call with its index in the list."""
-    if "tool_calls" not in message:
-        return {"content": message["content"]} if message["content"] else {}
-    return {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}
+def stream_deltas(reader: CallReader, text: str, *, last: bool) -> list[dict[str, Any]]:
+    """The stream deltas a choice's new `text` makes (none while it is held back): content,
+    each call's first delta, its arguments' pieces. `last` flushes what was held."""
+    parsed = reader.feed(text)
+    if last:
+        rest = reader.finish()
+        parsed.content += rest.content
+        parsed.calls.extend(rest.calls)
+    deltas: list[dict[str, Any]] = [{"content": parsed.content}] if parsed.content else []
+    for call in parsed.calls:
+        if call.name is not None:
+            function = {"name": call.name, "arguments": ""}
+            first = {"index": call.index, "id": _call_id(), "type": "function"}
+            deltas.append({"tool_calls": [{**first, "function": function}]})
+        if call.arguments:
+            piece = {"index": call.index, "function": {"arguments": call.arguments}}
+            deltas.append({"tool_calls": [piece]})
+    return deltas
