@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, TIMEOUT, Served, served, sse_payloads
+from server_helpers import MODEL_NAME, TIMEOUT, Served, served, sse_payloads, wait_until
 
 import llmengine
 from llmengine.params import SamplingParams
@@ -136,7 +136,7 @@ def test_pathological_constraints_next_to_six_streams_leave_them_exact(server: S
     """Six greedy streams run while each pathological constraint (and one that breaks a limit
     only inside the step) is sent: each gets its 400 or fails alone, and every stream's text
     equals its lone run."""
-    streams = [{"model": MODEL_NAME, "prompt": f"ROMEO {index}:", "max_tokens": 120,
+    streams = [{"model": MODEL_NAME, "prompt": f"ROMEO {index}:", "max_tokens": 200,
                 "temperature": 0, "ignore_eos": True} for index in range(6)]  # fmt: skip
     alone = [stream_text(server.url, body) for body in streams]
     texts: list[str | None] = [None] * len(streams)
@@ -147,11 +147,26 @@ def test_pathological_constraints_next_to_six_streams_leave_them_exact(server: S
     threads = [threading.Thread(target=run, args=(index,)) for index in range(len(streams))]
     for thread in threads:
         thread.start()
-    statuses = [complete(server, **fields).status_code for fields, _ in PATHOLOGICAL]
+    assert wait_until(lambda: server.engine.num_running == len(streams))
     late = complete(server, structured_outputs={"grammar": LATE_WIDE_RULE}, max_tokens=30)
+    # It failed a dozen steps after it joined them; the streams need 200 steps in all.
+    assert all(thread.is_alive() for thread in threads)
+    statuses = [complete(server, **fields).status_code for fields, _ in PATHOLOGICAL]
     for thread in threads:
         thread.join(timeout=60)
     assert statuses == [400] * len(PATHOLOGICAL)
     assert late.status_code == 500, late.text
     assert f"more than the {MAX_ITEMS_IN_ROW} allowed" in late.json()["error"]["message"]
     assert texts == alone
+
+
+def test_a_stream_whose_grammar_breaks_late_ends_with_an_error_event(server: Served) -> None:
+    body = {"model": MODEL_NAME, "prompt": "ROMEO:", "max_tokens": 30, "stream": True,
+            "structured_outputs": {"grammar": LATE_WIDE_RULE}}  # fmt: skip
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=TIMEOUT) as sse:
+        assert sse.status_code == 200
+        payloads = sse_payloads(sse.iter_lines())  # ends with [DONE]
+    errors = [payload["error"] for payload in payloads if "error" in payload]
+    assert len(errors) == 1 and f"more than the {MAX_ITEMS_IN_ROW} allowed" in errors[0]["message"]
+    finishes = [c["finish_reason"] for p in payloads for c in p.get("choices", [])]
+    assert "stop" not in finishes
