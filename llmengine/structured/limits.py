@@ -35,8 +35,8 @@ STEP_LEXER_FUEL = 200_000
 MAX_LEXER_STATES = 250_000
 # Symbols in all the grammar's productions together: what bounds the compile's memory.
 MAX_GRAMMAR_SIZE = 500_000
-# Tokens the proof steps down from the start state: enough to reach every alternative of a
-# choice or the first token of a large rule, few enough to cost milliseconds.
+# Tokens the proof steps down from the start state, spread over those it allows: enough to
+# enter a large rule by several of its first tokens, few enough to cost milliseconds.
 PROBE_TOKENS = 16
 
 # llguidance's messages, by the limit each one reports, in the words a client reads.
