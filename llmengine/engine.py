@@ -148,8 +148,9 @@ class Engine:
 
         Everything is checked before anything changes: an empty prompt, a token id outside the
         vocabulary (in the prompt or in `logit_bias`), a worst case (prompt plus max_tokens)
-        beyond the empty pool, or a constraint that does not compile (compiled here, once per
-        distinct constraint) raises ValueError and leaves the engine as it was.
+        beyond the empty pool, or a constraint that does not compile or breaks a grammar limit
+        (compiled and proved here, once per distinct constraint) raises ValueError and leaves
+        the engine as it was.
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")

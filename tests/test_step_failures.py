@@ -111,13 +111,18 @@ class BrokenMatcher:
 
     def __init__(self, when: str) -> None:
         self.when = when
+        self.refused = False
 
     def unsafe_compute_mask_ptr(self, pointer: int, size: int) -> None:
         if self.when == "mask":
             raise RuntimeError("Current row has 5001 items; max is 2000")
 
     def consume_token(self, token: int) -> bool:
-        return self.when != "accept"
+        self.refused = self.when == "accept"
+        return not self.refused
+
+    def is_error(self) -> bool:  # as llguidance's: a refused token leaves it in error
+        return self.refused
 
     def get_error(self) -> str:
         return "refused"

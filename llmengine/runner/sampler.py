@@ -99,7 +99,9 @@ class Sampler:
         logits. `min_tokens` takes the end and stop tokens off what the grammar allows (the
         draw masks them again, as for any row): a grammar left allowing nothing, one that is
         complete before `min_tokens`, fails its request alone (`NO_TOKEN_ALLOWED`), as does a
-        row whose grammar, draw or log-probabilities raise."""
+        row whose grammar, draw or log-probabilities raise, one that drew a token its mask
+        refused, or one that would end before its grammar is complete: no output outside its
+        constraint is ever kept."""
         requests = [rows[index].request for index in plain]
         raw = logits[plain]
         masked = raw
@@ -122,6 +124,7 @@ class Sampler:
                 elif request_id not in result.failed:
                     result.failed[request_id] = NO_TOKEN_ALLOWED
             requests, raw, masked = [requests[i] for i in kept], raw[kept], masked[kept]
+            allowed = allowed[kept]
         if not requests:
             return
         tokens = self._tokens(requests, masked, result)
@@ -134,8 +137,16 @@ class Sampler:
             if not finite_rows[position]:
                 result.failed[request_id] = NOT_FINITE
                 continue
+            if allowed is not None and not allowed[position, token]:
+                result.failed[request_id] = f"drew token {token}, which its grammar masked out"
+                continue
             try:
                 self.grammars.accept(request_id, token)
+                if self._ends_incomplete(request, token):
+                    result.failed[request_id] = (
+                        f"token {token} ends an output its grammar has not completed"
+                    )
+                    continue
                 if request.params.logprobs is not None:
                     result.logprobs[request_id] = token_logprobs(
                         raw[position], token, request.params.logprobs
@@ -144,6 +155,13 @@ class Sampler:
                 result.failed[request_id] = f"keeping token {token} failed: {error}"
                 continue
             result.tokens[request_id] = token
+
+    def _ends_incomplete(self, request: Request, token: int) -> bool:
+        """Whether `token` would finish a constrained request (a stop or end token, not the
+        budget) while its grammar is still incomplete: a 'stop' that would carry output
+        outside its constraint."""
+        finish = request.finish_reason_after(request.num_output_tokens + 1, token)
+        return finish in ("stop", "eos") and not self.grammars.is_complete(request.request_id)
 
     def _tokens(
         self, requests: list[Request], logits: torch.Tensor, result: StepResult

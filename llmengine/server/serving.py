@@ -159,7 +159,8 @@ class Serving:
     async def constraint_of(self, body: SamplingFields) -> Constraint | None:
         """The request's constraint, compiled (off the event loop: a large schema takes
         milliseconds) so that the engine thread finds it cached; 400 naming the problem when
-        it does not compile."""
+        it does not compile or breaks a limit, or when it comes with `stop` or
+        `stop_token_ids`, which would cut it short of its grammar."""
         try:
             constraint = body.constraint()
             if constraint is not None:
@@ -169,6 +170,13 @@ class Serving:
         except ValueError as error:
             field = body.constraint_field
             raise bad_request(f"{field}: {error}", param=field) from None
+        if constraint is not None and (body.stop_strings or body.stop_token_ids):
+            field = "stop" if body.stop_strings else "stop_token_ids"
+            raise bad_request(
+                f"{field}: a stop would end a constrained output wherever it appears, before "
+                f"its grammar is complete; a constrained output ends where its grammar does",
+                param=field,
+            )
         return constraint
 
     def sampling(

@@ -4,7 +4,9 @@ llguidance (the Rust library behind Guidance, and one of vLLM's backends) walks 
 against an Earley parser, so a mask costs tens of microseconds per step with nothing
 precomputed over the vocabulary, and it reads our `tokenizer.json` as it is. A compiled
 grammar is a matcher in its start state: `GrammarCompiler.matcher` hands out a copy, so
-requests with the same constraint share the parse of its grammar.
+requests with the same constraint share the parse of its grammar. A grammar compiles under
+the limits of `llmengine.structured.limits` and is cached only once its first steps are
+proved there.
 
 JSON comes out compact (no whitespace between tokens): a model that was never trained on
 JSON would otherwise spend its budget on newlines and spaces the grammar allows.
@@ -12,13 +14,13 @@ JSON would otherwise spend its budget on newlines and spaces the grammar allows.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from llmengine.structured.constraint import Constraint
+from llmengine.structured.limits import parser_limits, prove, reason
 
 # The most distinct constraints kept compiled; the least recently used goes first.
 CACHE_SIZE = 256
@@ -66,25 +68,39 @@ class GrammarCompiler:
         self.tokenizer = llguidance.LLTokenizer(
             tokenizer_json(tokenizer), n_vocab=vocab_size, eos_token=list(eos_token_ids)
         )
+        self._limits = parser_limits(llguidance)
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile(self, constraint: Constraint) -> Any:
         """The constraint's matcher in its start state (cached); ValueError naming the problem
-        when the grammar does not compile (a bad pattern, an unknown `$ref`, ...)."""
+        when the grammar does not compile (a bad pattern, an unknown `$ref`, ...) or breaks a
+        limit within its first steps (`llmengine.structured.limits.prove`). Only a grammar
+        that passed is cached."""
         with self._lock:
             if constraint in self._compiled:
                 self._compiled.move_to_end(constraint)
                 return self._compiled[constraint]
-        matcher = self._llguidance.LLMatcher(self.tokenizer, self._grammar(constraint), log_level=0)
+        what = KIND_NAMES[constraint.kind]
+        matcher = self._llguidance.LLMatcher(
+            self.tokenizer, self._grammar(constraint), log_level=0, limits=self._limits
+        )
         if matcher.is_error():
-            raise ValueError(f"the {KIND_NAMES[constraint.kind]} does not compile: "
-                             f"{_reason(matcher.get_error())}")  # fmt: skip
+            raise ValueError(f"the {what} does not compile: {reason(matcher.get_error())}")
+        failure = prove(matcher, self.vocab_size)
+        if failure is not None:
+            raise ValueError(f"the {what} is refused: {failure}")
         with self._lock:
             self._compiled[constraint] = matcher
             if len(self._compiled) > CACHE_SIZE:
                 self._compiled.popitem(last=False)
         return matcher
+
+    def forget(self, constraint: Constraint) -> None:
+        """Drop a compiled grammar whose matcher failed in a request: its lexer, shared by
+        every copy, may be what failed, so the next request compiles (and proves) it anew."""
+        with self._lock:
+            self._compiled.pop(constraint, None)
 
     def matcher(self, constraint: Constraint) -> Any:
         """A fresh matcher for one request (an `llguidance.LLMatcher`)."""
@@ -111,14 +127,5 @@ class GrammarCompiler:
             return llguidance.grammar_from(constraint.kind, constraint.source)
         except ValueError as error:
             raise ValueError(
-                f"the {KIND_NAMES[constraint.kind]} is refused: {_reason(error)}"
+                f"the {KIND_NAMES[constraint.kind]} is refused: {reason(error)}"
             ) from None
-
-
-def _reason(error: object) -> str:
-    """An llguidance message on one line, without the parser state it dumps after it or the
-    lines that only point at a column."""
-    text = str(error).split("<state>")[0]
-    lines = [line.strip() for line in text.splitlines()]
-    kept = [line for line in lines if line and not re.fullmatch(r"\^+|\d+ \|.*", line)]
-    return " ".join(kept)
