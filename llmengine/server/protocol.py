@@ -29,12 +29,11 @@ uses seed + i, so they differ from each other yet the whole response is reproduc
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     StrictStr,
     ValidationInfo,
@@ -58,7 +57,9 @@ from llmengine.server.fields import (
     logit_bias_pairs,
     refused,
 )
+from llmengine.server.messages import ChatMessage
 from llmengine.server.structured import (
+    STRICT,
     NamedToolChoice,
     ResponseFormat,
     StructuredOutputs,
@@ -74,7 +75,6 @@ from llmengine.structured.constraint import Constraint
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's legacy default; null in a request means this too
 MAX_N = 64
 MAX_CHOICES = 256  # prompts x n in one request
-STRICT = ConfigDict(extra="forbid", strict=True)
 
 TokenId = Annotated[Integer, Field(ge=0)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -323,64 +323,6 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt[0], int):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
-
-
-class TextPart(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-    text: str
-
-
-class CalledFunction(BaseModel):
-    model_config = STRICT
-
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    """A call an assistant message made, as the response gave it (sent back in a history)."""
-
-    model_config = STRICT
-
-    id: str
-    type: Literal["function"]
-    function: CalledFunction
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's
-    tool_call_id: str | None = None  # a tool's answer to that call
-
-    @model_validator(mode="after")
-    def _calls_from_the_assistant(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError(f"tool_calls belong to an assistant message, not a {self.role}'s")
-        return self
-
-    def template_fields(self) -> dict[str, Any]:
-        """The message as a chat template reads it: role and text, and the tool fields set."""
-        fields: dict[str, Any] = {"role": self.role, "content": self.text}
-        if self.tool_calls:
-            fields["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        for name in ("name", "tool_call_id"):
-            if getattr(self, name) is not None:
-                fields[name] = getattr(self, name)
-        return fields
-
-    @property
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
