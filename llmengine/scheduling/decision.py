@@ -122,8 +122,8 @@ class SchedulerOutput:
     them (generators, grammar matchers, a draft model's progress).
 
     `cached_blocks` are the blocks the decision offered to the prefix cache before the
-    forward that fills them: should that forward fail, their keys are forgotten
-    (`Scheduler.forward_failed`).
+    forward that fills them: should that forward fail, or run without the row that was to
+    fill one, their keys are forgotten (`Scheduler.forward_failed`).
     """
 
     rows: list[ScheduledRow] = field(default_factory=list)
