@@ -1,9 +1,9 @@
 """A fault while one request's row is prepared fails that request alone: the forward runs
 without its row, every other row gets exactly the tokens a lone run gets, the pool stays
 whole, nothing the request offered to the prefix cache stays cached without its K/V, and
-the same request later succeeds. A draft proposal that raises costs its row the drafts only.
-Over HTTP, the poisoned stream ends with an error event and [DONE], the others are a lone
-run's text."""
+the same request later succeeds. So does a fault scoring one request's prompt logprobs. A
+draft proposal that raises costs its row the drafts only. Over HTTP, the poisoned stream
+ends with an error event and [DONE], the others are a lone run's text."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from server_helpers import MODEL_NAME, TIMEOUT, SlowEngine, served, sse_payloads
 from test_step_failures import step_to_the_end
 
 import llmengine
+import llmengine.prompt_logprobs as prompt_logprobs_module
 import llmengine.runner.model_runner as runner_module
 import llmengine.speculative.speculator as speculator_module
 from llmengine.engine import Engine
@@ -270,3 +271,48 @@ def test_a_poisoned_stream_among_six_ends_alone(model, tokenizer, monkeypatch) -
         assert wait_until(lambda: not engine.has_unfinished() and not engine._requests)
         engine.check_integrity()
         assert engine.num_free_blocks == engine.num_blocks
+
+
+def test_a_prompt_whose_scoring_fails_fails_alone(model, monkeypatch) -> None:
+    """Six requests that want their prompts' logprobs; scoring one of them raises: that
+    request fails before it samples, the five others get a lone run's tokens and prompt
+    logprobs."""
+    params = [llmengine.SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=1)] * 6
+
+    def run_all(engine: Engine, prompts: list[list[int]]) -> tuple[list, dict, dict]:
+        ids = engine.add_requests(prompts, params[: len(prompts)])
+        scored: dict[int, list] = {}
+        failed: dict[int, str] = {}
+        while engine.has_unfinished():
+            outcome = engine.step()
+            engine.check_integrity()
+            failed.update(outcome.failed)
+            for request_id, entries in outcome.prompt_logprobs.items():
+                scored.setdefault(request_id, []).extend(entries)
+        outputs = [engine.release(request_id).output_token_ids for request_id in ids]
+        return outputs, [scored.get(request_id) for request_id in ids], failed
+
+    alone = [run_all(Engine(model, **POOL), [prompt]) for prompt in PROMPTS]
+    real = prompt_logprobs_module.token_logprobs
+    doomed_token = PROMPTS[DOOMED][5]  # a prompt token of the doomed request's alone
+
+    def token_logprobs(logits, token, k):  # noqa: ANN001, ANN202
+        if token == doomed_token:
+            raise RuntimeError("poisoned")
+        return real(logits, token, k)
+
+    monkeypatch.setattr(prompt_logprobs_module, "token_logprobs", token_logprobs)
+    engine = Engine(model, **POOL)
+    outputs, scored, failed = run_all(engine, PROMPTS)
+    assert failed == {DOOMED: "scoring its prompt failed: poisoned"}
+    assert outputs[DOOMED] == [] and scored[DOOMED] is None
+    for index, (output, entries, _) in enumerate(alone):
+        if index != DOOMED:  # the same tokens; logprobs as a batch's float sums give them
+            assert outputs[index] == output[0]
+            assert [(e.token_id, [t for t, _ in e.top]) for e in scored[index]] == [
+                (e.token_id, [t for t, _ in e.top]) for e in entries[0]
+            ]
+            assert [e.logprob for e in scored[index]] == pytest.approx(
+                [e.logprob for e in entries[0]], abs=1e-4
+            )
+    assert engine.num_free_blocks == engine.num_blocks

@@ -17,10 +17,11 @@ the sampler. `run(decision)` does, in order:
 
 A fault traced to one row fails that row's request alone, the others get exactly what they
 would have had: a request whose state cannot be taken up, or whose inputs cannot be
-prepared (the forward then runs without its row, `StepResult.left_out`), or whose sampling
-fails (`Sampler`); a draft proposal that raises costs its row its drafts only. Finding the
-row costs nothing while nothing fails: the rows are prepared together, and one by one only
-after that raised. A fault of the forward itself has no known owner and raises.
+prepared (the forward then runs without its row, `StepResult.left_out`), or whose prompt's
+scoring (`PromptLogprobs.score`) or sampling (`Sampler`) fails; a draft proposal that
+raises costs its row its drafts only. Finding the row costs nothing while nothing fails:
+the rows are prepared together, and one by one only after that raised. A fault of the
+forward itself has no known owner and raises.
 
 Under tensor parallelism one runner runs on every rank (`llmengine.parallel.engine`). The
 leader (rank 0) drafts and samples, and sends each `ForwardPlan` to the other ranks before it
@@ -168,10 +169,11 @@ class ModelRunner:
     def run(self, decision: SchedulerOutput) -> StepResult:
         """Carry out `decision` (see the module's docstring) and return what came of it.
 
-        A fault traced to one row fails that row's request alone: taking its state up, or
+        A fault traced to one row fails that row's request alone: taking its state up,
         preparing its inputs (`_rows_that_prepare`), whose row the forward then leaves out
-        (`StepResult.left_out`); a draft proposal that raises costs its row the drafts only
-        (`DraftModel.propose`). Only the forward's own faults, of no known owner, raise."""
+        (`StepResult.left_out`), scoring its prompt or sampling; a draft proposal that
+        raises costs its row the drafts only (`DraftModel.propose`). Only the forward's own
+        faults, of no known owner, raise."""
         for request_id in decision.finished_request_ids:
             self.sampler.forget(request_id)
             if self.drafter is not None:
@@ -201,7 +203,7 @@ class ModelRunner:
         sampling, scored = own, {}
         if logits_plan is not None:
             sampling, owed = logits_plan.split(own)
-            scored = self.sampler.prompt_logprobs.score(logits_plan, owed)
+            scored = self.sampler.prompt_logprobs.score(logits_plan, owed, failed)
         draft_probs = {} if self.drafter is None else self.drafter.probs
         result = self.sampler.sample(rows, sampling, draft_logits, draft_probs, failed)
         result.prompt_logprobs = scored
