@@ -234,14 +234,16 @@ class Engine:
         """Propose, schedule, run, update: one iteration over every scheduled row.
 
         A request that gets its last token here gives its blocks and slot back before the
-        step returns; one whose sampling failed is aborted. Every step is a forward, so
-        stepping an engine with nothing unfinished raises RuntimeError.
+        step returns; one whose row failed (its inputs, its sampling) is aborted. Every step
+        is a forward, so stepping an engine with nothing unfinished raises RuntimeError.
         """
         if not self.has_unfinished():
             raise RuntimeError("nothing to step: every request has finished or been aborted")
         self.speculator.propose(self.scheduler.running)
         decision = self.scheduler.schedule()
         result = self._run(decision)
+        if result.left_out:  # rows the forward did not compute: none of their K/V exists
+            self.scheduler.forward_failed(decision, result.left_out)
         finished = self.scheduler.update(decision, result.tokens)
         for request_id in result.failed:
             self.abort(request_id)

@@ -105,8 +105,10 @@ class IterationOutcome:
     on; a chunked prefill reports its prompt chunk by chunk).
     `cached_prefix` gives, for each request admitted with prefix-cache hits, how many of its
     leading tokens the cache served (what `cached_tokens` sums).
-    `failed` names the requests this step could not serve, with why (logits that were not
-    finite): each got no token and is aborted, while the other rows went on as usual.
+    `failed` names the requests this step could not serve, with why (their inputs could not
+    be prepared, so the forward left their rows out; logits that were not finite; their
+    sampling, grammar or drafts' check raised): each got no token and is aborted, while the
+    other rows went on as usual.
 
     Speculative decoding: a row with drafts may add several tokens in one step, and its entry
     in `tokens` is then a list (`new_tokens` reads either form); `drafts` gives, for each such
@@ -188,7 +190,9 @@ class StepResult:
     whose logits were finite (a list for a row with drafts: those kept, then the model's own),
     the logprobs of those that asked, the prompt logprobs the prefill rows scored, the
     requests that failed, with why, each drafting row's proposed and kept counts, and how the
-    forward ran (`forward`, as `IterationOutcome.forward`)."""
+    forward ran (`forward`, as `IterationOutcome.forward`). `left_out` names the failed
+    requests whose rows the forward did not compute (their inputs could not be prepared):
+    the scheduler takes their rows back (`Scheduler.forward_failed`)."""
 
     tokens: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
@@ -196,6 +200,7 @@ class StepResult:
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     forward: str = EAGER
+    left_out: list[int] = field(default_factory=list)
 
 
 def build_outcome(

@@ -68,14 +68,26 @@ class PromptLogprobs:
                 owed.append((request, position + 1))
         return LogitsPlan(logits_at, owed)
 
-    def score(self, plan: LogitsPlan, logits: torch.Tensor) -> dict[int, list[TokenLogprobs]]:
-        """The prompt logprobs these logits give, by request id, in prompt order."""
+    def score(
+        self, plan: LogitsPlan, logits: torch.Tensor, failed: dict[int, str]
+    ) -> dict[int, list[TokenLogprobs]]:
+        """The prompt logprobs these logits give, by request id, in prompt order. A request
+        whose scoring raises is added to `failed`, with why, and reports none: one request's
+        fault is not the step's."""
         scored: dict[int, list[TokenLogprobs]] = {}
         for (request, token_index), row in zip(plan.owed, logits, strict=True):
-            token = request.prompt_token_ids[token_index]
-            k = request.params.prompt_logprobs or 0
-            scored.setdefault(request.request_id, []).append(token_logprobs(row, token, k))
-            self._next_token[request.request_id] = token_index + 1
+            request_id = request.request_id
+            if request_id in failed:
+                continue
+            try:
+                token = request.prompt_token_ids[token_index]
+                k = request.params.prompt_logprobs or 0
+                scored.setdefault(request_id, []).append(token_logprobs(row, token, k))
+            except Exception as error:
+                failed[request_id] = f"scoring its prompt failed: {error}"
+                scored.pop(request_id, None)
+                continue
+            self._next_token[request_id] = token_index + 1
             if token_index + 1 == len(request.prompt_token_ids):
-                del self._next_token[request.request_id]  # the whole prompt is scored
+                del self._next_token[request_id]  # the whole prompt is scored
         return scored

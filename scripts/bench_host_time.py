@@ -3,12 +3,12 @@
 One greedy stream of the embedded model through two engines, eager and with the decode graph
 of bucket 1 (compiled once, before anything is timed). Each step is split by the clock into
 the model runner's forward (`ModelRunner.execute`), its sampling (`Sampler.sample`) and the
-rest (proposing, scheduling, the runner's plan, updating, the outcome); the engines take turns
-over `--rounds` rounds and each keeps its median. Then one profile of `--profile-steps` steps
-per engine counts the ATen operators a step dispatches (top-level ones: an operator another
-calls is not counted again), the eager step's most frequent listed: on one stream of a small
-model the forward is those dispatches, not arithmetic. Writes `reports/wallclock/host-time.md`
-with the machine it ran on.
+rest (proposing, scheduling, the runner's plan and the forward's inputs, updating, the
+outcome); the engines take turns over `--rounds` rounds and each keeps its median. Then one
+profile of `--profile-steps` steps per engine counts the ATen operators a step dispatches
+(top-level ones: an operator another calls is not counted again), the eager step's most
+frequent listed: on one stream of a small model the forward is those dispatches, not
+arithmetic. Writes `reports/wallclock/host-time.md` with the machine it ran on.
 
 Usage: bench_host_time.py [--tokens 96] [--rounds 3] [--profile-steps 20] [--threads 1]
 """

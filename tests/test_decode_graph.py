@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 
 import llmengine
 import llmengine.runner.graphs as graphs_module
+import llmengine.runner.model_runner as runner_module
 import llmengine.runner.paged_flex as paged_flex
 from llmengine.bench.decode_step import random_llama
 from llmengine.engine import Engine
@@ -126,6 +127,37 @@ def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
     assert used[0] == 0 and sum(used) > 0  # the first step prefills
     # Every step reads a different number of keys; the inputs' shapes do not change.
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_row_whose_inputs_fail_leaves_the_graph_step_to_the_others(
+    tiny, graph_engine, monkeypatch
+):
+    """One request's row cannot be prepared in a decode step of four rows: the graph of
+    bucket 4 runs the three others, who get the eager engine's tokens, and that request
+    alone fails."""
+    prompts, params = workload(seed=2, count=4)
+    eager, _, _ = run(Engine(tiny, **POOL), prompts, params)
+    ids = graph_engine.add_requests(prompts, params)
+    real = runner_module.paged_row
+
+    def paged_row(row):  # request ids[2] at its second token, a decode of all four
+        if row.request.request_id == ids[2] and row.request.num_output_tokens == 1:
+            raise RuntimeError("poisoned")
+        return real(row)
+
+    monkeypatch.setattr(runner_module, "paged_row", paged_row)
+    failed = {}
+    while graph_engine.has_unfinished():
+        outcome = graph_engine.step()
+        graph_engine.check_integrity()
+        if outcome.failed:
+            assert outcome.forward == "decode_graph" and outcome.rows == 3
+        failed.update(outcome.failed)
+    outputs = [graph_engine.release(i).output_token_ids for i in ids]
+    assert failed == {ids[2]: "preparing its inputs failed: poisoned"}
+    assert outputs[2] == eager[2][:1]
+    assert outputs[:2] + outputs[3:] == eager[:2] + eager[3:]
+    assert graph_engine.num_free_blocks == graph_engine.num_blocks
 
 
 def test_padding_rows_never_touch_real_rows(graph_engine):

@@ -9,7 +9,7 @@ import torch
 import llmengine
 from llmengine.engine_config import EngineConfig
 from llmengine.runner import ModelRunner, StepResult
-from llmengine.runner.model_runner import EAGER, ForwardPlan
+from llmengine.runner.model_runner import EAGER, ForwardPlan, Inputs
 from llmengine.scheduling.request import Request
 from llmengine.scheduling.scheduler import Scheduler
 
@@ -66,8 +66,8 @@ def test_a_follower_runs_the_leaders_plans_to_the_same_logits(model: llmengine.L
     plans: list[tuple[ForwardPlan, torch.Tensor]] = []
     execute = leader.execute
 
-    def recording(plan: ForwardPlan) -> torch.Tensor:
-        logits = execute(plan)
+    def recording(plan: ForwardPlan, inputs: Inputs | None = None) -> torch.Tensor:
+        logits = execute(plan, inputs)
         plans.append((plan, logits.clone()))
         return logits
 

@@ -35,7 +35,7 @@ from llmengine.model.loader import model_folder
 from llmengine.model.sharding import Shard, check_divisible
 from llmengine.parallel.cluster import Cluster
 from llmengine.runner.loading import load_model
-from llmengine.runner.model_runner import ForwardPlan, ModelRunner
+from llmengine.runner.model_runner import ForwardPlan, Inputs, ModelRunner
 
 TIMEOUT_S = 60.0  # the longest a collective may wait for a rank before the engine raises
 JOIN_TIMEOUT_S = 10.0  # how long `close` waits for a worker to exit before killing it
@@ -70,10 +70,10 @@ class LeaderRunner(ModelRunner):
     times_graphs_at_start = False
     failed = False
 
-    def execute(self, plan: ForwardPlan) -> torch.Tensor:
+    def execute(self, plan: ForwardPlan, inputs: Inputs | None = None) -> torch.Tensor:
         try:
             _broadcast(plan)
-            return super().execute(plan)
+            return super().execute(plan, inputs)
         except RuntimeError as error:
             self.failed = True
             raise RuntimeError(f"a tensor-parallel rank failed or hangs: {error}") from error

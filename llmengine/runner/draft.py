@@ -54,7 +54,38 @@ class DraftModel:
     @torch.inference_mode()
     def propose(self, rows: list[ScheduledRow], generators: Generators) -> None:
         """Fill each row's `draft_token_ids` (reserved by the scheduler) with the draft's
-        guesses, after bringing the draft's K/V level with what the target will compute."""
+        guesses, after bringing the draft's K/V level with what the target will compute.
+
+        A row whose proposal raises goes on without drafts (`drop_drafts`) rather than
+        failing: drafts decide how fast a request goes, never what it gets (the target keeps
+        only the drafts it agrees with, and a sampled row's tokens follow its own sampler
+        whatever was guessed), so losing them costs a step's speed-up. Which row raised is
+        told by proposing again one row at a time, every seeded generator put back first,
+        so each other row guesses what it would have guessed alone. (A row whose catch-up
+        failed leaves the draft without some of its K/V: later guesses for it are kept less
+        often, never wrong.)"""
+        seeded = [generators.get(row.request.request_id) for row in rows]
+        states = [None if g is None else g.get_state() for g in seeded]
+        try:
+            self._propose(rows, generators)
+            return
+        except Exception:
+            pass  # a fault of some row, or of none: proposing them one by one tells which
+        probs: dict[int, torch.Tensor] = {}
+        for row, generator, state in zip(rows, seeded, states, strict=True):
+            if generator is not None:
+                generator.set_state(state)
+            try:
+                self._propose([row], generators)
+                probs.update(self.probs)
+            except Exception:
+                if generator is not None:
+                    generator.set_state(state)
+                row.drop_drafts()
+        self.probs = probs
+
+    def _propose(self, rows: list[ScheduledRow], generators: Generators) -> None:
+        """`propose`'s work for `rows` together, raising whatever any of them raises."""
         self.probs.clear()
         paged = [self._catch_up_row(row) for row in rows]
         logits = paged_forward(self.model, self.cache, paged)

@@ -29,7 +29,12 @@ import torch.distributed as dist
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
-from llmengine.runner.paged_flex import FlexPagedAttention, decode_inputs, paged_block_mask
+from llmengine.runner.paged_flex import (
+    DecodeInputs,
+    FlexPagedAttention,
+    decode_inputs,
+    paged_block_mask,
+)
 from llmengine.speed.prepare import PreparedLlama
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -135,13 +140,24 @@ class DecodeGraphs:
         """Stop using `bucket`'s graph: its decodes go to a larger bucket, or run eager."""
         self.buckets.remove(bucket)
 
-    def __call__(self, rows: Sequence[PagedRow], bucket: int | None = None) -> torch.Tensor:
-        """Logits `[len(rows), vocab]` of a decode step over `rows` (one new token each)."""
-        bucket = len(rows) if bucket is None else bucket
+    def inputs_for(self, rows: Sequence[PagedRow], bucket: int) -> DecodeInputs:
+        """The graph's inputs for decode `rows` padded to `bucket` (`decode_inputs`)."""
         cache = self.cache
-        inputs = decode_inputs(
+        return decode_inputs(
             rows, cache.block_size, cache.num_blocks, bucket, self.scratch_block, cache.device
         )
+
+    def __call__(
+        self,
+        rows: Sequence[PagedRow],
+        bucket: int | None = None,
+        inputs: DecodeInputs | None = None,
+    ) -> torch.Tensor:
+        """Logits `[len(rows), vocab]` of a decode step over `rows` (one new token each);
+        `inputs` are their `inputs_for` the bucket when the caller built them already."""
+        bucket = len(rows) if bucket is None else bucket
+        if inputs is None:
+            inputs = self.inputs_for(rows, bucket)
         with self._inductor_patch, self._dynamo_patch:
             logits = self._compiled(*inputs, self.keys, self.values)
         return logits[: len(rows)]

@@ -6,12 +6,22 @@ paged K/V storage, attention, the compiled layers, the decode graphs, the draft 
 the sampler. `run(decision)` does, in order:
 
 1. let go of the requests the decision says are done, take up the ones it meets first;
-2. the decision's swaps (every copy out, then every copy in);
-3. the draft model's guesses, in the places the scheduler left for them;
-4. the forward: a decode graph when every row decodes one token and a bucket holds them,
-   else the eager forward (compiled halves or not), with logits where sampling, prompt
-   logprobs and draft checks need them;
+2. the draft model's guesses, in the places the scheduler left for them;
+3. the forward's inputs, prepared from every row (token ids, positions, write slots, block
+   tables) before anything runs;
+4. the decision's swaps (every copy out, then every copy in), then the forward: a decode
+   graph when every row decodes one token and a bucket holds them, else the eager forward
+   (compiled halves or not), with logits where sampling, prompt logprobs and draft checks
+   need them;
 5. the sampler, which turns those logits into each request's tokens (`StepResult`).
+
+A fault traced to one row fails that row's request alone, the others get exactly what they
+would have had: a request whose state cannot be taken up, or whose inputs cannot be
+prepared (the forward then runs without its row, `StepResult.left_out`), or whose prompt's
+scoring (`PromptLogprobs.score`) or sampling (`Sampler`) fails; a draft proposal that
+raises costs its row its drafts only. Finding the row costs nothing while nothing fails:
+the rows are prepared together, and one by one only after that raised. A fault of the
+forward itself has no known owner and raises.
 
 Under tensor parallelism one runner runs on every rank (`llmengine.parallel.engine`). The
 leader (rank 0) drafts and samples, and sends each `ForwardPlan` to the other ranks before it
@@ -22,7 +32,7 @@ the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,16 +50,24 @@ from llmengine.outcome import (
 from llmengine.prompt_logprobs import LogitsPlan
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.draft import DraftModel, load_draft
-from llmengine.runner.forward import paged_forward
+from llmengine.runner.forward import PackedInputs, packed_inputs, paged_forward
 from llmengine.runner.graphs import DecodeGraphs, buckets_for
+from llmengine.runner.paged_flex import DecodeInputs
 from llmengine.runner.sampler import Sampler
 from llmengine.runner.startup import drop_slower_graphs
-from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput, packed_starts
+from llmengine.scheduling.decision import (
+    ScheduledRow,
+    SchedulerOutput,
+    packed_starts,
+    readers_of_left_out,
+)
 from llmengine.speculative.verify import draft_logits_at
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
+
+Inputs = PackedInputs | DecodeInputs  # a plan's inputs: the eager forward's or the graph's
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +82,16 @@ class ForwardPlan:
     bucket: int | None = None
     logits_at: list[int] | None = None
     path: str = EAGER
+
+
+class Prepared(NamedTuple):
+    """A step's forward, ready to run: its plan, its inputs (None: no row to compute), the
+    prompt logprobs' share of its logits and how many of them check drafts (the last)."""
+
+    plan: ForwardPlan
+    inputs: Inputs | None
+    logits_plan: LogitsPlan | None
+    num_drafts: int
 
 
 class ModelRunner:
@@ -139,7 +167,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, decision: SchedulerOutput) -> StepResult:
-        """Carry out `decision` (see the module's docstring) and return what came of it."""
+        """Carry out `decision` (see the module's docstring) and return what came of it.
+
+        A fault traced to one row fails that row's request alone: taking its state up,
+        preparing its inputs (`_rows_that_prepare`), whose row the forward then leaves out
+        (`StepResult.left_out`), scoring its prompt or sampling; a draft proposal that
+        raises costs its row the drafts only (`DraftModel.propose`). Only the forward's own
+        faults, of no known owner, raise."""
         for request_id in decision.finished_request_ids:
             self.sampler.forget(request_id)
             if self.drafter is not None:
@@ -155,27 +189,73 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.cache.swap(decision.blocks_to_swap_out, decision.blocks_to_swap_in)
             self.drafter.propose(decision.rows, self.sampler.generators)
-        plan, logits_plan, num_drafts = self._plan(decision)
-        own = self.execute(plan)
+        rows, left_out = decision.rows, []
+        try:
+            prepared = self._prepare(rows, decision)
+        except Exception:  # some row's data, or none's: preparing them one by one tells which
+            rows, left_out = self._rows_that_prepare(decision, failed)
+            prepared = self._prepare(rows, decision)
+        plan, inputs, logits_plan, num_drafts = prepared
+        own = self.execute(plan, inputs)
         draft_logits = NO_LOGITS
         if num_drafts:
             own, draft_logits = own[: len(own) - num_drafts], own[len(own) - num_drafts :]
         sampling, scored = own, {}
         if logits_plan is not None:
             sampling, owed = logits_plan.split(own)
-            scored = self.sampler.prompt_logprobs.score(logits_plan, owed)
+            scored = self.sampler.prompt_logprobs.score(logits_plan, owed, failed)
         draft_probs = {} if self.drafter is None else self.drafter.probs
-        result = self.sampler.sample(decision.rows, sampling, draft_logits, draft_probs, failed)
+        result = self.sampler.sample(rows, sampling, draft_logits, draft_probs, failed)
         result.prompt_logprobs = scored
         result.forward = plan.path
+        result.left_out = left_out
         return result
 
-    def _plan(self, decision: SchedulerOutput) -> tuple[ForwardPlan, LogitsPlan | None, int]:
-        """The forward's plan, the prompt logprobs' share of its logits (None: no row owes
-        any) and how many of its logits check drafts (the last ones)."""
-        scheduled = decision.rows
+    def _prepare(self, rows: list[ScheduledRow], decision: SchedulerOutput) -> Prepared:
+        """The forward's plan for `rows`, and its inputs (`packed_inputs` or the decode
+        graph's), built before anything runs: a fault here is one of the rows' data."""
+        plan, logits_plan, num_drafts = self._plan(rows, decision)
+        if not plan.rows:
+            return Prepared(plan, None, logits_plan, num_drafts)
+        if plan.bucket is not None:
+            assert self.graphs is not None
+            inputs = self.graphs.inputs_for(plan.rows, plan.bucket)
+            return Prepared(plan, inputs, logits_plan, num_drafts)
+        return Prepared(plan, packed_inputs(self.cache, plan.rows), logits_plan, num_drafts)
+
+    def _rows_that_prepare(
+        self, decision: SchedulerOutput, failed: dict[int, str]
+    ) -> tuple[list[ScheduledRow], list[int]]:
+        """The rows whose inputs prepare, each prepared alone, and the requests the forward
+        leaves out: those whose row raises (failed with why), and those whose row would read
+        K/V a left-out row was to write, a prefix-cache hit in the same decision (failed
+        too: their K/V would be garbage)."""
+        left_out: dict[int, str] = {}
+        for row in decision.rows:
+            try:
+                self._prepare([row], decision)
+            except Exception as error:
+                left_out[row.request.request_id] = f"preparing its inputs failed: {error}"
+        readers = readers_of_left_out(decision, left_out, self.cache.block_size)
+        for request_id, owner in readers.items():
+            left_out[request_id] = (
+                f"its cached prefix was to be computed by request {owner}, whose inputs failed"
+            )
+        for request_id, reason in left_out.items():
+            failed.setdefault(request_id, reason)
+        rows = [row for row in decision.rows if row.request.request_id not in left_out]
+        return rows, list(left_out)
+
+    def _plan(
+        self, scheduled: list[ScheduledRow], decision: SchedulerOutput
+    ) -> tuple[ForwardPlan, LogitsPlan | None, int]:
+        """The forward's plan for the `scheduled` rows of `decision` (its swaps), the prompt
+        logprobs' share of its logits (None: no row owes any) and how many of its logits
+        check drafts (the last ones)."""
         rows = [paged_row(row) for row in scheduled]
         swaps = (decision.blocks_to_swap_out, decision.blocks_to_swap_in)
+        if not rows:
+            return ForwardPlan(rows, *swaps), None, 0
         bucket, path = self._route(scheduled)
         if bucket is not None:
             return ForwardPlan(rows, *swaps, bucket=bucket, path=path), None, 0
@@ -201,15 +281,19 @@ class ModelRunner:
         bucket = self.graphs.graph_for(len(rows))
         return bucket, DECODE_GRAPH if bucket is not None else EAGER_NO_BUCKET
 
-    def execute(self, plan: ForwardPlan) -> torch.Tensor:
-        """Run one plan on this rank: swaps, then the forward; the logits it asks for."""
+    def execute(self, plan: ForwardPlan, inputs: Inputs | None = None) -> torch.Tensor:
+        """Run one plan on this rank: swaps, then the forward; the logits it asks for.
+        `inputs` are the plan's prepared inputs (None: built here, as a follower does); a
+        plan without rows (every row's inputs failed) only swaps."""
         self.cache.swap(plan.blocks_to_swap_out, plan.blocks_to_swap_in)
+        if not plan.rows:
+            return NO_LOGITS
         if plan.bucket is not None:
             assert self.graphs is not None
             self.graph_steps += 1
-            return self.graphs(plan.rows, plan.bucket)
+            return self.graphs(plan.rows, plan.bucket, inputs)
         return paged_forward(
-            self.model, self.cache, plan.rows, self.compiled_layers, plan.logits_at
+            self.model, self.cache, plan.rows, self.compiled_layers, plan.logits_at, inputs
         )
 
 

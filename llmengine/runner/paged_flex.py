@@ -118,6 +118,10 @@ def paged_decode_attention(
     return out.transpose(1, 2)  # type: ignore[union-attr]
 
 
+# A decode graph's inputs: token ids, positions, write slots and the block mask's tensors.
+DecodeInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]
+
+
 def decode_inputs(
     rows: Sequence[PagedRow],
     block_size: int,
@@ -125,7 +129,7 @@ def decode_inputs(
     bucket: int,
     scratch_block: int,
     device: torch.device,
-) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], ...]:
+) -> DecodeInputs:
     """The graph's inputs for decode `rows` padded to `bucket` rows, in a cache of
     `num_blocks` blocks: token ids, positions, write slots and the block mask's tensors, whose
     tables are `num_blocks` wide whatever the rows' lengths (padded with block 0, never read:

@@ -7,6 +7,7 @@ here touches a tensor, which is what lets every scheduling rule be tested withou
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -55,6 +56,11 @@ class ScheduledRow:
         """The tokens whose positions this forward computes (drafts last)."""
         end = self.end_position - len(self.draft_token_ids)
         return self.request.token_ids[self.start_position : end] + self.draft_token_ids
+
+    def drop_drafts(self) -> None:
+        """Compute the row without its drafts (their proposal failed): its own token only."""
+        self.num_positions -= len(self.draft_token_ids)
+        self.draft_token_ids.clear()
 
     @classmethod
     def decode(cls, request: Request) -> ScheduledRow:
@@ -116,8 +122,8 @@ class SchedulerOutput:
     them (generators, grammar matchers, a draft model's progress).
 
     `cached_blocks` are the blocks the decision offered to the prefix cache before the
-    forward that fills them: should that forward fail, their keys are forgotten
-    (`Scheduler.forward_failed`).
+    forward that fills them: should that forward fail, or run without the row that was to
+    fill one, their keys are forgotten (`Scheduler.forward_failed`).
     """
 
     rows: list[ScheduledRow] = field(default_factory=list)
@@ -137,3 +143,33 @@ def packed_starts(rows: list[ScheduledRow]) -> list[int]:
     """Where each row's tokens start in the forward's packed tokens, and one past the end
     (counted from the rows' positions: no row's tokens are copied)."""
     return list(accumulate((row.num_positions for row in rows), initial=0))
+
+
+def offered_blocks_of(out: SchedulerOutput, row: ScheduledRow, block_size: int) -> list[int]:
+    """The blocks `out` offered to the prefix cache that `row`'s positions fill: K/V only its
+    forward writes."""
+    first = row.start_position // block_size
+    last = -(-row.end_position // block_size)
+    offered = set(out.cached_blocks)
+    return [block for block in row.request.block_table.block_ids[first:last] if block in offered]
+
+
+def readers_of_left_out(
+    out: SchedulerOutput, left_out: Collection[int], block_size: int
+) -> dict[int, int]:
+    """The rows that would read K/V a left-out row was to write: a row admitted later in the
+    same decision that took, as a prefix-cache hit, a block the left-out row offered (each
+    reader's request id, with the left-out request's). Readers are left out in turn, so one
+    pass in row order finds every reader of a reader: a hit always follows its offer."""
+    unwritten: dict[int, int] = {}  # block -> the request whose row was to fill it
+    readers: dict[int, int] = {}
+    for row in out.rows:
+        request_id = row.request.request_id
+        if request_id not in left_out:
+            owners = [unwritten[b] for b in row.request.block_table.block_ids if b in unwritten]
+            if not owners:
+                continue
+            readers[request_id] = owners[0]
+        for block in offered_blocks_of(out, row, block_size):
+            unwritten[block] = request_id
+    return readers

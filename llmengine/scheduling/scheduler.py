@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from llmengine.engine_config import EngineConfig
 from llmengine.kv.blocks import BlockPool, blocks_for_length
 from llmengine.kv.prefix_cache import CachingBlockPool
 from llmengine.scheduling.block_manager import BlockManager, CachingBlockManager
-from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
+from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput, offered_blocks_of
 from llmengine.scheduling.policy import ALLOCATION_POLICIES
 from llmengine.scheduling.request import Request, RequestState
 from llmengine.scheduling.rules import SchedulingRules
@@ -316,10 +316,20 @@ class Scheduler(SchedulingRules):
                     break
         return finished
 
-    def forward_failed(self, out: SchedulerOutput) -> None:
-        """The forward that carried `out` out raised: the blocks it offered to the prefix
-        cache hold no K/V of theirs, and no later request may find them."""
-        self.blocks.uncache(out.cached_blocks)
+    def forward_failed(self, out: SchedulerOutput, left_out: Collection[int] | None = None) -> None:
+        """The forward that carried `out` out raised (`left_out` None), or ran without the
+        rows of the requests in `left_out` (their inputs could not be prepared): the blocks
+        it offered to the prefix cache and never filled hold no K/V of theirs, and no later
+        request may find them. Left-out rows leave `out`, so `update` moves none of their
+        positions; the engine aborts their requests, which gives their blocks back."""
+        if left_out is None:
+            self.blocks.uncache(out.cached_blocks)
+            return
+        dropped = [row for row in out.rows if row.request.request_id in left_out]
+        unwritten = [b for row in dropped for b in offered_blocks_of(out, row, self.block_size)]
+        self.blocks.uncache(unwritten)
+        out.rows = [row for row in out.rows if row.request.request_id not in left_out]
+        out.cached_blocks = [block for block in out.cached_blocks if block not in unwritten]
 
     # -- integrity ---------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Before `schedule()`, `propose` gives each decoding request that may speculate its drafts:
 prompt lookup's guesses, or room for a draft model's, which the model runner's draft model
 fills once the rows are decided (`llmengine.runner.draft`). Off (`speculative=None`) it does
-nothing at all.
+nothing at all. A request whose guess raises goes on without drafts.
 """
 
 from __future__ import annotations
@@ -33,5 +33,10 @@ class Speculator:
             if not request.prefilling and can_speculate(request.params, request.num_output_tokens):
                 if self.by_draft_model:
                     request.draft_token_ids = [0] * self.k  # the draft model's places
-                else:
+                    continue
+                try:
                     request.draft_token_ids = propose_ngram(request.token_ids, self.k)
+                except Exception:
+                    # Drafts decide how fast a request goes, never what it gets: a guess
+                    # that raises costs its request this step's drafts, not its answer.
+                    request.draft_token_ids = []
