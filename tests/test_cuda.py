@@ -183,6 +183,7 @@ def test_a_replayed_decode_step_syncs_only_for_its_read_back(graph_model) -> Non
     wait, after it."""
     engine = llmengine.Engine(graph_model, decode_graph=(8,), **GRAPH_POOL)
     graphs = engine.runner.graphs
+    assert graphs.buffers[8].staging.is_pinned()  # what lets the upload skip a sync
     rows = [PagedRow([row], 17 + row, [2 * row, 2 * row + 1]) for row in range(8)]
     with torch.inference_mode():
         graphs(rows, 8)

@@ -74,7 +74,7 @@ class StaticDecodeGraphs:
         longest = blocks_for_length(model.config.max_position_embeddings, cache.block_size)
         self.width = min(scratch_block, longest) if width is None else width
         self.capture = cache.device.type == "cuda" if capture is None else capture
-        dtype = next(model.parameters()).dtype
+        dtype = cache.keys[0].dtype  # the attention's, whatever the weights are stored in
         self.buffers = {
             bucket: StepBuffers(bucket, self.width, cache.block_size, scratch_block, cache.device)
             for bucket in buckets
@@ -136,9 +136,11 @@ class StaticDecodeGraphs:
         torch.cuda.synchronize()
 
     def dummy_rows(self, bucket: int) -> list[PagedRow]:
-        """`bucket` decode rows of a four-block context, all in the scratch block."""
-        context = 4 * self.cache.block_size
-        return [PagedRow([0], context - 1, [self.scratch_block] * 4) for _ in range(bucket)]
+        """`bucket` decode rows of a four-block context (or `width`'s, if fewer), all in the
+        scratch block."""
+        blocks = min(4, self.width)
+        context = blocks * self.cache.block_size
+        return [PagedRow([0], context - 1, [self.scratch_block] * blocks) for _ in range(bucket)]
 
     def graph_for(self, num_rows: int) -> int | None:
         """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
