@@ -140,21 +140,23 @@ def test_without_cuda_every_capture_fails_and_the_engine_runs_eager(tiny, monkey
 def test_buffers_stage_rows_and_pad_into_the_scratch_block():
     buffers = StepBuffers(4, 5, block_size=4, scratch_block=10, device=torch.device("cpu"))
     buffers.fill([PagedRow([9], 5, [2, 4]), PagedRow([8], 3, [6, 7])])
-    host = buffers.staging
+    host = buffers.staging.t()  # a row's numbers, then its table
     assert host[:, :4].tolist() == [[9, 5, 17, 6], [8, 3, 27, 4], [0, 0, 40, 1], [0, 0, 40, 1]]
     assert host[0, 4:6].tolist() == [2, 4] and host[1, 4].item() == 6
     assert host[2:, 4].tolist() == [10, 10]
+    assert buffers.token_ids.is_contiguous() and buffers.write_slots.is_contiguous()
     assert buffers.token_ids.tolist() == [0, 0, 0, 0]  # staged only: the device side waits
     buffers.upload()
     assert buffers.token_ids.tolist() == [9, 8, 0, 0] and buffers.lengths.tolist()[:2] == [6, 4]
-    staged = host.clone()
+    assert buffers.block_tables[:2, :2].tolist() == [[2, 4], [6, 10]]
+    staged = buffers.staging.clone()
     with pytest.raises(ValueError, match="its table has 1"):
         buffers.fill([PagedRow([1], 2, [3]), PagedRow([1], 4, [3])])  # needs 2 blocks
     with pytest.raises(ValueError, match="at most 5"):
         buffers.fill([PagedRow([1], 20, list(range(6)))])
     with pytest.raises(ValueError, match="one token"):
         buffers.fill([PagedRow([1, 2], 3, [3])])
-    assert torch.equal(host, staged)  # a refused step writes nothing
+    assert torch.equal(buffers.staging, staged)  # a refused step writes nothing
 
 
 def test_grouped_decode_attention_equals_masked_grouped_query_attention():

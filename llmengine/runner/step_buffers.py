@@ -1,8 +1,9 @@
 """A decode step's inputs that live on the device, allocated once and changed in place.
 
 A captured CUDA graph reads its inputs from fixed addresses, so one bucket's inputs are one
-device tensor `[bucket, 4 + width]` of int64 (token id, position, write slot and sequence
-length per row, then the row's block table, `width` blocks wide), allocated once. Each step
+device tensor `[4 + width, bucket]` of int64 (the rows' token ids, positions, write slots and
+sequence lengths, each a contiguous row of it, then their block tables, `width` blocks deep,
+one column per row), allocated once. Each step
 fills a host staging tensor of the same shape (pinned on CUDA, so its copy needs no sync)
 with the rows' numbers and copies it over in one `copy_`: no device tensor is made per step.
 
@@ -20,13 +21,13 @@ import torch
 from llmengine.kv.blocks import blocks_for_length
 from llmengine.runner.attention import PagedRow
 
-TOKEN, POSITION, WRITE_SLOT, LENGTH, TABLE = 0, 1, 2, 3, 4  # columns of the packed buffer
+TOKEN, POSITION, WRITE_SLOT, LENGTH, TABLE = 0, 1, 2, 3, 4  # rows of the packed buffer
 
 
 class StepBuffers:
     """One bucket's persistent decode inputs: `token_ids`, `positions`, `write_slots`,
-    `lengths` (`[bucket]` each) and `block_tables` (`[bucket, width]`), views of one device
-    tensor that `fill` and `upload` change in place."""
+    `lengths` (`[bucket]` each, contiguous) and `block_tables` (`[bucket, width]`), views of
+    one device tensor that `fill` and `upload` change in place."""
 
     def __init__(
         self,
@@ -38,18 +39,18 @@ class StepBuffers:
     ) -> None:
         self.bucket, self.width = bucket, width
         self.block_size, self.scratch_block = block_size, scratch_block
-        shape = (bucket, TABLE + width)
+        shape = (TABLE + width, bucket)
         # Pinned host memory lets the copy to the device run asynchronously, without a sync.
         pinned = device.type == "cuda"
         self.staging = torch.zeros(shape, dtype=torch.long, pin_memory=pinned)
         self._host = self.staging.numpy()
-        self._host[:, TABLE:] = scratch_block
+        self._host[TABLE:] = scratch_block
         self.device_tensor = torch.zeros(shape, dtype=torch.long, device=device)
-        self.token_ids = self.device_tensor[:, TOKEN]
-        self.positions = self.device_tensor[:, POSITION]
-        self.write_slots = self.device_tensor[:, WRITE_SLOT]
-        self.lengths = self.device_tensor[:, LENGTH]
-        self.block_tables = self.device_tensor[:, TABLE:]
+        self.token_ids = self.device_tensor[TOKEN]
+        self.positions = self.device_tensor[POSITION]
+        self.write_slots = self.device_tensor[WRITE_SLOT]
+        self.lengths = self.device_tensor[LENGTH]
+        self.block_tables = self.device_tensor[TABLE:].t()
         self.fill([])
         self.upload()
 
@@ -65,19 +66,19 @@ class StepBuffers:
         for index, row in enumerate(rows):
             position = row.start_position
             used = blocks_for_length(position + 1, block_size)
-            host[index, TABLE : TABLE + used] = row.block_ids[:used]
-            host[index, TOKEN] = row.token_ids[0]
-            host[index, POSITION] = position
-            host[index, WRITE_SLOT] = row.block_ids[position // block_size] * block_size + (
+            host[TABLE : TABLE + used, index] = row.block_ids[:used]
+            host[TOKEN, index] = row.token_ids[0]
+            host[POSITION, index] = position
+            host[WRITE_SLOT, index] = row.block_ids[position // block_size] * block_size + (
                 position % block_size
             )
-            host[index, LENGTH] = position + 1
-        padding = host[len(rows) :]
-        padding[:, TOKEN] = 0
-        padding[:, POSITION] = 0
-        padding[:, WRITE_SLOT] = self.scratch_block * block_size
-        padding[:, LENGTH] = 1
-        padding[:, TABLE] = self.scratch_block
+            host[LENGTH, index] = position + 1
+        padding = host[:, len(rows) :]
+        padding[TOKEN] = 0
+        padding[POSITION] = 0
+        padding[WRITE_SLOT] = self.scratch_block * block_size
+        padding[LENGTH] = 1
+        padding[TABLE] = self.scratch_block
 
     def upload(self) -> None:
         """Copy the staging to the device buffers, in place. On CUDA the copy is queued on
