@@ -22,6 +22,7 @@ from llmengine.engine import Engine
 from llmengine.model.llama import grouped_query_attention
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.model_runner import ModelRunner
+from llmengine.runner.startup import graph_report
 from llmengine.runner.static_decode import grouped_decode_attention
 from llmengine.runner.step_buffers import StepBuffers
 
@@ -81,6 +82,10 @@ def test_static_step_gives_the_eager_tokens_from_buffers_changed_in_place(tiny, 
     assert len(seen_positions) >= sum(used) // 2  # the buffers' contents change step by step
     for bucket, buffers in graphs.buffers.items():
         assert (buffers.device_tensor.data_ptr(), buffers.staging.data_ptr()) == addresses[bucket]
+    report = graph_report(graphs).splitlines()
+    assert report[0] == "decode graph buckets in use: [2, 4]"
+    assert [line.split(":")[0].strip() for line in report[1:]] == ["bucket 2", "bucket 4"]
+    assert all(line.endswith("not captured") for line in report[1:])
 
 
 def test_a_bucket_whose_capture_fails_runs_eager(tiny, eager_tokens, monkeypatch, caplog):
