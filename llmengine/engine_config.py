@@ -50,9 +50,10 @@ class EngineConfig:
       `num_slots` so every running request's decode fits; longer prompts are chunked.
     - `enable_prefix_caching`: share full KV blocks between requests with equal prefixes.
     - `compile`: the position-wise halves of every layer through `torch.compile`.
-    - `decode_graph`: the decode forward compiled once per batch bucket; True for buckets 1,
-      2, 4, ... up to `num_slots`, each kept only if its graph beat eager when start-up timed
-      it (on a CPU), or the buckets themselves, kept as named.
+    - `decode_graph`: the decode forward compiled once per batch bucket (on CUDA, captured as
+      one CUDA graph per bucket); True for buckets 1, 2, 4, ... up to `num_slots`, each kept
+      only if its graph beat eager when start-up timed it (on a CPU), or the buckets
+      themselves, kept as named.
     - `speculative`: "ngram" guesses up to `num_speculative_tokens` tokens per decoding
       request by prompt lookup, a checkpoint folder names a draft model (a smaller Llama with
       the same tokenizer) that guesses them; one forward keeps those the model agrees with
@@ -104,8 +105,8 @@ class EngineConfig:
     decode_graph: bool | tuple[int, ...] = _knob(
         False,
         Option(("--decode-graph",), "compile the whole decode step once per batch bucket at "
-               "start-up (inductor, frozen weights); decode-only steps run the graph, the rest "
-               "eager"),
+               "start-up (inductor, frozen weights; on CUDA a captured CUDA graph); decode-only "
+               "steps run the graph, the rest eager"),
     )  # fmt: skip
     speculative: str | None = _knob(
         None,

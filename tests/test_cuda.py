@@ -7,6 +7,7 @@ its own uncached forward, since its rounding differs from float32's everywhere.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,15 @@ from server_helpers import MODEL_NAME
 from test_model_parity import CASES, assert_same_logits, random_ids
 
 import llmengine
+from llmengine.bench.decode_step import random_llama
 from llmengine.bench.http_client import run_over_http
 from llmengine.bench.workloads import uniform_burst
+from llmengine.engine_config import EngineConfig
 from llmengine.lessons.live_server import live_server
+from llmengine.model.config import LlamaConfig
+from llmengine.runner.attention import PagedRow
+from llmengine.runner.cuda_graphs import StaticDecodeGraphs
+from llmengine.runner.model_runner import paged_cache_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -27,6 +34,25 @@ GREEDY = llmengine.SamplingParams(max_tokens=16)
 SEEDED = llmengine.SamplingParams(
     max_tokens=16, temperature=0.9, top_k=40, top_p=0.9, seed=7, ignore_eos=True
 )
+
+
+# The attention shape whose flex-decoding lowering found no kernel (32 query heads over 8 K/V
+# heads, head dim 64) in two layers; weights wide enough apart that greedy has no near-ties.
+GRAPH_SHAPE = LlamaConfig.from_dict(
+    {
+        "model_type": "llama",
+        "vocab_size": 4096,
+        "hidden_size": 2048,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 1024,
+    },
+    source="GRAPH_SHAPE",
+)
+GRAPH_POOL = {"num_blocks": 512, "block_size": 16, "num_slots": 64}
+BUCKETS = (1, 8, 64)
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +135,86 @@ def test_server_on_cuda_returns_the_cpu_engine_texts(model, tokenizer) -> None:
     assert [record.error for record in run.records] == [None] * len(burst)
     assert [record.text for record in run.records] == expected
     assert server.exit_code == [0]
+
+
+@pytest.fixture(scope="module")
+def graph_model() -> llmengine.Llama:
+    """The small random model of the decode graph tests, float32 on the GPU."""
+    return random_llama(GRAPH_SHAPE, seed=0, std=0.05).cuda()
+
+
+def graph_workload() -> tuple[list[list[int]], list[llmengine.SamplingParams]]:
+    """64 requests whose budgets make the batch shrink through every bucket: 64 rows, then
+    8, then 1; one of the 8 samples with a seed."""
+    prompts = prompts_for(5, 64, GRAPH_SHAPE.vocab_size, low=4, high=40)
+    params = [llmengine.SamplingParams(max_tokens=6, ignore_eos=True)] * 64
+    params[1:8] = [llmengine.SamplingParams(max_tokens=16, ignore_eos=True)] * 7
+    params[3] = llmengine.SamplingParams(max_tokens=16, temperature=0.8, seed=7, ignore_eos=True)
+    params[0] = llmengine.SamplingParams(max_tokens=24, ignore_eos=True)
+    return prompts, params
+
+
+def test_decode_graphs_capture_and_give_the_eager_tokens(graph_model, caplog) -> None:
+    """Buckets 1, 8 and 64 capture (their warm-up and capture times logged at start-up),
+    decode-only steps of every bucket replay them, and the tokens are the eager engine's."""
+    with caplog.at_level(logging.INFO, logger="llmengine.runner"):
+        engine = llmengine.Engine(graph_model, decode_graph=BUCKETS, **GRAPH_POOL)
+    graphs = engine.runner.graphs
+    assert isinstance(graphs, StaticDecodeGraphs)
+    assert graphs.failures == {} and graphs.buckets == list(BUCKETS)
+    assert all(graphs.capture_seconds[bucket] > 0 for bucket in BUCKETS)
+    for bucket in BUCKETS:
+        assert f"bucket {bucket}: warm-up" in caplog.text
+    prompts, params = graph_workload()
+    ids = engine.add_requests(prompts, params)
+    graph_rows = set()
+    while engine.has_unfinished():
+        outcome = engine.step()
+        if outcome.forward == "decode_graph":
+            graph_rows.add(graphs.graph_for(outcome.rows))
+    outputs = [engine.release(i).output_token_ids for i in ids]
+    assert graph_rows == set(BUCKETS)
+    assert outputs == llmengine.Engine(graph_model, **GRAPH_POOL).generate(prompts, params)
+
+
+def test_a_replayed_decode_step_syncs_only_for_its_read_back(graph_model) -> None:
+    """Staging eight rows, uploading them and replaying the graph never waits for the GPU
+    (any synchronising call raises in the sync debug mode); reading the ids back is the one
+    wait, after it."""
+    engine = llmengine.Engine(graph_model, decode_graph=(8,), **GRAPH_POOL)
+    graphs = engine.runner.graphs
+    assert graphs.buffers[8].staging.is_pinned()  # what lets the upload skip a sync
+    rows = [PagedRow([row], 17 + row, [2 * row, 2 * row + 1]) for row in range(8)]
+    with torch.inference_mode():
+        graphs(rows, 8)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ids = graphs(rows, 8, graphs.inputs_for(rows, 8)).argmax(dim=-1)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert len(ids.tolist()) == 8
+
+
+def test_bfloat16_decode_graph_replays_the_uncaptured_step() -> None:
+    """In bfloat16 every bucket captures, and a replay gives the logits of the same step run
+    eagerly over the same cache, for two different sets of rows in turn: each replay reads
+    the inputs uploaded for it, not those it was captured or last replayed with."""
+    model = random_llama(GRAPH_SHAPE, seed=1, std=0.05).to("cuda", torch.bfloat16)
+    config = EngineConfig(decode_graph=BUCKETS, **GRAPH_POOL)
+    cache = paged_cache_for(model, config)
+    for tensor in cache.keys + cache.values:
+        tensor.normal_()
+    captured = StaticDecodeGraphs(model, cache, config.num_blocks, BUCKETS)
+    uncaptured = StaticDecodeGraphs(model, cache, config.num_blocks, BUCKETS, capture=False)
+    assert captured.failures == {} and captured.buckets == list(BUCKETS)
+    first = [PagedRow([row], 5 * row + 3, [3 * row, 3 * row + 1, 3 * row + 2]) for row in range(6)]
+    second = [
+        PagedRow([100 + row], 40 + row, [20 + 3 * row + b for b in range(3)]) for row in range(6)
+    ]
+    with torch.inference_mode():
+        replayed = [captured(rows, 8).clone() for rows in (first, second)]
+        expected = [uncaptured(rows, 8) for rows in (first, second)]
+    for actual, wanted in zip(replayed, expected, strict=True):
+        torch.testing.assert_close(actual, wanted, atol=5e-2, rtol=2e-2)
+    assert not torch.allclose(replayed[0], replayed[1], atol=5e-2, rtol=2e-2)

@@ -1,4 +1,5 @@
-"""The decode step as one compiled graph per batch bucket (the CPU analogue of CUDA graphs).
+"""The decode step as one compiled graph per batch bucket, on a CPU (the analogue of CUDA
+graphs; on CUDA the runner captures `llmengine.runner.cuda_graphs` instead).
 
 A decode step is a fixed chain of operators whose shapes depend only on the batch size and
 on how many cached keys the rows read. Eager, every operator pays dispatch, and the matrix
@@ -61,9 +62,7 @@ class DecodeGraphs:
     on-disk caches make a second start in a new process quicker.
 
     The weights are folded into each graph as they are when it is built: weights changed
-    later (a new state dict) are not seen by it. On CUDA the same buckets go through
-    inductor's CUDA graphs (`triton.cudagraphs`), with the cache tensors marked as static
-    addresses so that mutating them does not disable them.
+    later (a new state dict) are not seen by it.
     """
 
     def __init__(
@@ -82,19 +81,9 @@ class DecodeGraphs:
         self.scratch_block = scratch_block
         self.keys = [k.flatten(0, 1) for k in cache.keys]
         self.values = [v.flatten(0, 1) for v in cache.values]
-        cuda = cache.device.type == "cuda"
         if options is None:
             sharded = dist.is_initialized() and dist.get_world_size() > 1
-            options = (
-                {"triton.cudagraphs": True}
-                if cuda
-                else CPU_OPTIONS_WITH_ALL_REDUCES
-                if sharded
-                else CPU_OPTIONS
-            )
-        if cuda:
-            for tensor in self.keys + self.values:
-                torch._dynamo.mark_static_address(tensor)
+            options = CPU_OPTIONS_WITH_ALL_REDUCES if sharded else CPU_OPTIONS
         # Dynamo installs the parameters as constants of the graph only when it sees inductor's
         # `freezing` set while it traces; set in `options` alone, the weights stayed inputs of
         # extern `mm` calls and the graph was no faster than eager. One graph per bucket:

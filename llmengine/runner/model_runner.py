@@ -10,7 +10,8 @@ the sampler. `run(decision)` does, in order:
 3. the forward's inputs, prepared from every row (token ids, positions, write slots, block
    tables) before anything runs;
 4. the decision's swaps (every copy out, then every copy in), then the forward: a decode
-   graph when every row decodes one token and a bucket holds them, else the eager forward
+   graph when every row decodes one token and a bucket holds them (on CUDA a captured CUDA
+   graph over persistent input buffers, on a CPU a compiled forward), else the eager forward
    (compiled halves or not), with logits where sampling, prompt logprobs and draft checks
    need them;
 5. the sampler, which turns those logits into each request's tokens (`StepResult`).
@@ -31,6 +32,7 @@ the cache.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,12 +51,14 @@ from llmengine.outcome import (
 )
 from llmengine.prompt_logprobs import LogitsPlan
 from llmengine.runner.attention import PagedRow
+from llmengine.runner.cuda_graphs import StaticDecodeGraphs
 from llmengine.runner.draft import DraftModel, load_draft
 from llmengine.runner.forward import PackedInputs, packed_inputs, paged_forward
 from llmengine.runner.graphs import DecodeGraphs, buckets_for
 from llmengine.runner.paged_flex import DecodeInputs
 from llmengine.runner.sampler import Sampler
-from llmengine.runner.startup import drop_slower_graphs
+from llmengine.runner.startup import drop_slower_graphs, graph_report
+from llmengine.runner.step_buffers import StepBuffers
 from llmengine.scheduling.decision import (
     ScheduledRow,
     SchedulerOutput,
@@ -67,7 +71,10 @@ from llmengine.structured.grammar import GrammarCompiler
 
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
 
-Inputs = PackedInputs | DecodeInputs  # a plan's inputs: the eager forward's or the graph's
+# A plan's inputs: the eager forward's, the compiled graph's, or the captured graph's buffers.
+Inputs = PackedInputs | DecodeInputs | StepBuffers
+
+logger = logging.getLogger("llmengine.runner")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +128,7 @@ class ModelRunner:
         if config.compile:
             self.compiled_layers = CompiledLayers()
             self.compile_seconds = self.compiled_layers.warm_up(model)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: DecodeGraphs | StaticDecodeGraphs | None = None
         self.graph_compile_seconds = 0.0
         self.graph_steps = 0
         if config.decode_graph:
@@ -132,15 +139,23 @@ class ModelRunner:
         self.sampler = Sampler(model.config, tokenizer, self.device)
 
     def _build_graphs(self, config: EngineConfig, measure: bool) -> None:
-        """One graph per bucket. With `decode_graph=True` the buckets are the slots' and, on
-        a CPU in one process, each is timed against eager and dropped where it is not faster
-        (`drop_slower_graphs`); buckets named outright are kept as named."""
+        """One graph per bucket (`decode_graphs_class`). With `decode_graph=True` the
+        buckets are the slots' and, on a CPU in one process, each is timed against eager and
+        dropped where it is not faster (`drop_slower_graphs`); buckets named outright are
+        kept as named. What start-up measured is logged (`graph_report`)."""
         wanted = config.decode_graph
         buckets = buckets_for(config.num_slots) if wanted is True else list(wanted)
-        self.graphs = DecodeGraphs(self.model, self.cache, config.num_blocks, buckets)
+        graphs_class = self.decode_graphs_class()
+        self.graphs = graphs_class(self.model, self.cache, config.num_blocks, buckets)
         self.graph_compile_seconds = sum(self.graphs.compile_seconds.values())
         if wanted is True and measure and self.device.type == "cpu":
             drop_slower_graphs(self.graphs, self._eager_decode)
+        logger.info("%s", graph_report(self.graphs))
+
+    def decode_graphs_class(self) -> type[DecodeGraphs] | type[StaticDecodeGraphs]:
+        """On CUDA the decode step captured as CUDA graphs over persistent buffers; on a CPU
+        the decode forward compiled by inductor with flex attention."""
+        return StaticDecodeGraphs if self.device.type == "cuda" else DecodeGraphs
 
     def _eager_decode(self, rows: list[PagedRow]) -> torch.Tensor:
         return paged_forward(self.model, self.cache, rows, self.compiled_layers)
@@ -291,7 +306,7 @@ class ModelRunner:
         if plan.bucket is not None:
             assert self.graphs is not None
             self.graph_steps += 1
-            return self.graphs(plan.rows, plan.bucket, inputs)
+            return self.graphs(plan.rows, plan.bucket, inputs)  # type: ignore[arg-type]
         return paged_forward(
             self.model, self.cache, plan.rows, self.compiled_layers, plan.logits_at, inputs
         )

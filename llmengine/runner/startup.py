@@ -3,7 +3,9 @@
 `decode_graph=True` asks for the graphs that pay: each bucket's graph is timed against the
 eager forward on the same dummy decode, and a bucket whose graph is not faster is dropped, so
 the graph never makes a step slower. Timing happens here, before the first request, and
-never again: the step itself only looks up the buckets that were kept.
+never again: the step itself only looks up the buckets that were kept. `graph_report` says
+what start-up spent on each bucket (compiling, or warming up and capturing a CUDA graph) and
+which buckets were left out and why; the runner logs it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections.abc import Callable
 import torch
 
 from llmengine.runner.attention import PagedRow
+from llmengine.runner.cuda_graphs import StaticDecodeGraphs
 from llmengine.runner.graphs import DecodeGraphs
 
 ROUNDS = 3  # eager and graph timed in turn, so a neighbour's burst of load hits both alike
 
 
 def drop_slower_graphs(
-    graphs: DecodeGraphs, eager: Callable[[list[PagedRow]], torch.Tensor]
+    graphs: DecodeGraphs | StaticDecodeGraphs, eager: Callable[[list[PagedRow]], torch.Tensor]
 ) -> None:
     """Time every bucket's graph against `eager` on its dummy rows, and drop the buckets whose
     graph is not faster."""
@@ -45,3 +48,24 @@ def best_ms(step: Callable[[], object], repeats: int = 5) -> float:
         step()
         best = min(best, time.perf_counter() - start)
     return best * 1e3
+
+
+def graph_report(graphs: DecodeGraphs | StaticDecodeGraphs) -> str:
+    """One line per bucket of what start-up spent on it, and the buckets in use.
+
+    For captured graphs, the warm-up and capture seconds, or why the bucket was left out
+    (its decodes run eager); for compiled ones, the compile seconds."""
+    lines = [f"decode graph buckets in use: {graphs.buckets or 'none (every step eager)'}"]
+    if isinstance(graphs, StaticDecodeGraphs):
+        for bucket in sorted(graphs.buffers):
+            if bucket in graphs.failures:
+                lines.append(f"  bucket {bucket}: left out, eager: {graphs.failures[bucket]}")
+                continue
+            warmup = graphs.warmup_seconds[bucket]
+            captured = graphs.capture_seconds.get(bucket)
+            how = f"capture {captured:.3f} s" if captured is not None else "not captured"
+            lines.append(f"  bucket {bucket}: warm-up {warmup:.3f} s, {how}")
+    else:
+        for bucket, seconds in sorted(graphs.compile_seconds.items()):
+            lines.append(f"  bucket {bucket}: compiled in {seconds:.3f} s")
+    return "\n".join(lines)

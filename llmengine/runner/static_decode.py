@@ -1,0 +1,93 @@
+"""A decode step whose every shape is fixed per batch bucket: what a CUDA graph captures.
+
+Each row reads a fixed number of blocks (`StepBuffers.width`, as many as the longest row
+may use) whatever its length: its keys are gathered through its block table into
+`[rows, width * block_size]` and the positions at or past its length are masked out with an
+additive float mask (-inf), so SDPA sees the same shapes every step. The step reads its
+inputs from the bucket's `StepBuffers` only, and writes the new K/V into the cache in place.
+
+The same function runs eagerly (on a CPU, where the tests compare its tokens with the eager
+engine's) and under `torch.cuda.graph` capture (`llmengine.runner.cuda_graphs`): nothing
+in it syncs with the host or makes a tensor from Python data.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from llmengine.kv.paged_cache import PagedKVCache
+from llmengine.model.llama import Llama
+from llmengine.runner.step_buffers import StepBuffers
+
+# On CUDA: the memory-efficient kernel takes an additive mask and has no per-shape plan to
+# build (cuDNN's would be built at warm-up and replayed, but is not needed); math is its
+# fallback where a shape does not suit it.
+CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class StaticAttention:
+    """The `AttentionHook` of a static decode step: each layer writes the new K/V at the
+    rows' write slots of the flat pool, gathers every row's `width` blocks and attends over
+    them under the length mask. The gather indices and the mask are made once per step."""
+
+    def __init__(self, cache: PagedKVCache, buffers: StepBuffers, dtype: torch.dtype) -> None:
+        block_size = cache.block_size
+        self.keys = [k.flatten(0, 1) for k in cache.keys]
+        self.values = [v.flatten(0, 1) for v in cache.values]
+        self.write_slots = buffers.write_slots
+        offsets = torch.arange(block_size, device=cache.device)
+        self.slots = (buffers.block_tables[:, :, None] * block_size + offsets).flatten()
+        num_keys = buffers.width * block_size
+        self.shape = (buffers.bucket, num_keys)
+        visible = torch.arange(num_keys, device=cache.device) < buffers.lengths[:, None]
+        self.mask = torch.zeros(self.shape, dtype=dtype, device=cache.device)
+        self.mask.masked_fill_(~visible, float("-inf"))
+        self.mask = self.mask[:, None, None, :]  # [rows, 1, 1, keys]: every head, every query
+
+    def attend(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        keys, values = self.keys[layer_index], self.values[layer_index]
+        keys.index_copy_(0, self.write_slots, k[:, 0])
+        values.index_copy_(0, self.write_slots, v[:, 0])
+        gathered_keys = keys.index_select(0, self.slots).view(*self.shape, *keys.shape[1:])
+        gathered_values = values.index_select(0, self.slots).view(*self.shape, *keys.shape[1:])
+        return grouped_decode_attention(q, gathered_keys, gathered_values, self.mask)
+
+
+def grouped_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention `[B, 1, heads, head_dim]` of one query per row over `keys`/`values`
+    `[B, keys, kv_heads, head_dim]` under the additive `mask` `[B, 1, 1, keys]`.
+
+    The query heads that share a K/V head become that head's queries (query head h reads
+    K/V head h // group, as grouped-query attention has it): one product per K/V head,
+    and no copy of K/V repeated per query head.
+    """
+    rows, _, heads, head_dim = q.shape
+    kv_heads = keys.shape[2]
+    grouped = q.view(rows, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+    )
+    return out.reshape(rows, 1, heads, head_dim)
+
+
+def static_decode_step(
+    model: Llama, cache: PagedKVCache, buffers: StepBuffers, dtype: torch.dtype
+) -> torch.Tensor:
+    """Logits `[bucket, vocab]` of one decode step over the bucket's buffers: the new K/V of
+    every row (padding rows' into the scratch block) written into `cache`."""
+    attention = StaticAttention(cache, buffers, dtype)
+    if cache.device.type != "cuda":
+        return _forward(model, buffers, attention)
+    with sdpa_kernel(CUDA_BACKENDS):
+        return _forward(model, buffers, attention)
+
+
+def _forward(model: Llama, buffers: StepBuffers, attention: StaticAttention) -> torch.Tensor:
+    hidden = model.forward_hidden(buffers.token_ids[:, None], buffers.positions[:, None], attention)
+    return model.compute_logits(hidden[:, 0])
