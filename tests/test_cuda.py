@@ -109,3 +109,23 @@ def test_server_on_cuda_returns_the_cpu_engine_texts(model, tokenizer) -> None:
     assert [record.error for record in run.records] == [None] * len(burst)
     assert [record.text for record in run.records] == expected
     assert server.exit_code == [0]
+
+
+def test_gathered_attention_on_cuda_runs_no_cudnn_op() -> None:
+    """cuDNN plans SDPA anew for every key length; the engine's steps must never reach it.
+
+    bfloat16 (cuDNN's attention takes no float32), prompts of different lengths (so the
+    decode steps attend through a mask) and a uniform pair (no mask): every op of the
+    profiled steps, on the host and the device, is named without "cudnn".
+    """
+    model = llmengine.load_model(device="cuda", dtype=torch.bfloat16)
+    params = llmengine.SamplingParams(max_tokens=6, ignore_eos=True)
+    uneven = prompts_for(4, 4, model.config.vocab_size)
+    even = [[7] * 12, [9] * 12]
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        for prompts in (uneven, even):
+            engine_on(model).generate(prompts, params)
+    names = {event.key for event in profile.key_averages()}
+    assert any("attention" in name for name in names), "the profile holds no attention op"
+    assert not [name for name in names if "cudnn" in name.lower()]
