@@ -14,7 +14,7 @@ longest), each batch only while `--budget-s` lasts; the report is rewritten afte
 so a run cut short still leaves the rows it finished. The model is `--model DIR`, or a random
 Llama in the Llama 3.2 1B shape. Writes `reports/wallclock/cuda-throughput.md`.
 
-Usage: python scripts/bench_cuda.py [--model DIR] [--batch-sizes 1,8,64,256] [--budget-s 420]
+Usage: python scripts/bench_cuda.py [--model DIR] [--batch-sizes 1,64,256,8] [--budget-s 270]
 A wall-clock benchmark, not a test: its numbers belong to the GPU and the moment that ran it.
 """
 
@@ -139,7 +139,7 @@ def numbers(run: gpu_burst.BurstRun, bound: float | None) -> list[float]:
 def table(bench: Bench, bound: float | None) -> str:
     """Every (batch, engine) in run order: its numbers, or only the note saying why none."""
     rows = []
-    for batch in bench.args.batch_sizes:
+    for batch in sorted(bench.args.batch_sizes):
         for kind in KINDS:
             note = bench.notes.get((kind, batch), "")
             found = [run for run in bench.runs if run.engine == kind and run.batch == batch]
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> Bench:
     parser.add_argument("--model", type=Path, default=None, metavar="DIR")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu to try it")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--batch-sizes", default="1,8,64,256", metavar="B,B",
+    # In the order they run, the targets' batches first; the table sorts them.
+    parser.add_argument("--batch-sizes", default="1,64,256,8", metavar="B,B",
                         type=lambda text: [int(b) for b in text.split(",")])  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -196,8 +197,8 @@ def main(argv: list[str] | None = None) -> Bench:
     parser.add_argument("--no-graph", action="store_true", help="leave out the decode graph")
     parser.add_argument("--no-compile-transformers", action="store_true",
                         help="transformers on its static cache, uncompiled")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="start no run after this many seconds (default 420)")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=270.0,
+                        help="start no run after this many seconds (default 270)")  # fmt: skip
     parser.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
                         help="the bound (default: from the device, else the H200's)")  # fmt: skip
     args = parser.parse_args(argv)
