@@ -109,7 +109,8 @@ class Bench:
                     self.model, workload, block_size, decode_graph=(batch,)
                 )
             except Exception as error:  # the report says why, and the other rows still run
-                self.notes[kind, batch] = f"not built: {throughput.failure_reason(error)}"
+                reason = throughput.failure_reason(error).removeprefix("did not run: ")
+                self.notes[kind, batch] = f"not built: {reason}"
                 return
             run = gpu_burst.engine_burst(engine, workload, warmup, kind)
             self.notes[kind, batch] = (
