@@ -1,39 +1,42 @@
-"""The engine on a GPU: decode tokens/s by batch size, against the memory-bandwidth bound.
+"""The engine on a GPU as a GPU user measures it: TTFT, decode and whole-run tokens/s by batch.
 
-For each dtype (bfloat16, float32) and batch size (1 .. 256), a uniform burst of that many
-requests runs through one engine with a slot for each; every step after the prefill is a
-decode of the whole batch, timed alone. A decode step must read every weight once and every
-row's K/V so far, so `bytes / step time` is the bandwidth it reached; the GPU's own bound
-comes from `torch.cuda.get_device_properties` (memory clock x bus width) where torch reports
-them, else from `--bandwidth-gbs`. Then the same bursts through transformers `generate` and
-`generate_batch` on the same weights (`llmengine.bench.throughput`), useful tokens per second.
+For each batch size (1, 8, 64, 256 by default), a uniform burst (128-token prompts, 64 new
+tokens each, greedy) runs through llmengine eager, through transformers `generate` with a
+static cache and its forward compiled (the GPU user's default; on a GPU `generate` compiles
+by itself with a static cache) and through llmengine's decode graph, all on the same weights
+and one clock (`llmengine.bench.gpu_burst`). The share of the memory-bandwidth bound is the
+bytes a decode step must read (every weight, each row's K/V) over its time, against the bound
+from the device (memory clock x bus width) or `--bandwidth-gbs`. The issue's targets are rows
+of their own (`llmengine.bench.gpu_targets`).
 
-The model is `--model DIR`, or a random Llama of about 1.2B parameters (the Llama 3.2 1B
-shape) written by transformers. Writes `reports/wallclock/cuda-throughput.md`.
+The runs go eager first, then transformers, then the decode graph (whose compilation is the
+longest), each batch only while `--budget-s` lasts; the report is rewritten after every run,
+so a run cut short still leaves the rows it finished. The model is `--model DIR`, or a random
+Llama in the Llama 3.2 1B shape. Writes `reports/wallclock/cuda-throughput.md`.
 
-Usage: .venv/bin/python scripts/bench_cuda.py [--model DIR] [--batch-sizes 1,8,64]
+Usage: python scripts/bench_cuda.py [--model DIR] [--batch-sizes 1,64,256,8] [--budget-s 270]
 A wall-clock benchmark, not a test: its numbers belong to the GPU and the moment that ran it.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
-from bench_decode_step import machine  # scripts/ is on the path when this script runs
 
 import llmengine
-from llmengine.bench import throughput
+from llmengine.bench import gpu_burst, throughput
+from llmengine.bench.compiled_runners import cpu_compile_config
+from llmengine.bench.gpu_targets import EAGER, GRAPH, TRANSFORMERS, graph_agreement, target_rows
 from llmengine.lessons.artifacts import markdown_table, write_report
 from llmengine.model.config import DTYPES
 
 REPORT = "cuda-throughput"
-BLOCK_SIZE = 16
 H200_BANDWIDTH_GBS = 4800.0
 ONE_B_SHAPE = {
     "vocab_size": 128256,
@@ -45,14 +48,17 @@ ONE_B_SHAPE = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
 }
+KINDS = (EAGER, TRANSFORMERS, GRAPH)  # the order they run in, and within a batch, are shown
 
 
-def device_bandwidth_gbs() -> float | None:
+def device_bandwidth_gbs(device: torch.device) -> float | None:
     """Peak memory bandwidth from the device's memory clock (kHz) and bus width (bits).
 
-    Double data rate: two transfers per clock. None when this torch does not report them.
+    Double data rate: two transfers per clock. None off CUDA, or when torch does not say.
     """
-    props = torch.cuda.get_device_properties(0)
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
     clock_khz = getattr(props, "memory_clock_rate", None)
     bus_bits = getattr(props, "memory_bus_width", None)
     if not clock_khz or not bus_bits:
@@ -60,143 +66,178 @@ def device_bandwidth_gbs() -> float | None:
     return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
 
 
-def decode_steps(model: llmengine.Llama, batch: int, prompt_len: int, max_tokens: int) -> dict:
-    """One burst of `batch` requests; median decode step seconds and the bytes it must read."""
-    workload = llmengine.uniform_burst(
-        batch, prompt_len, max_tokens, vocab_size=model.config.vocab_size
-    )
-    engine = llmengine.Engine(
-        model,
-        num_blocks=throughput.pool_blocks(workload, BLOCK_SIZE),
-        block_size=BLOCK_SIZE,
-        num_slots=batch,
-    )
-    engine.add_requests(throughput.prompts_of(workload), [spec.params for spec in workload])
-    seconds, kv_tokens = [], []
-    while engine.has_unfinished():
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        outcome = engine.step()  # ends by reading the sampled ids back: the step is done
-        elapsed = time.perf_counter() - start
-        if outcome.prefill_rows == 0 and outcome.rows == batch:
-            seconds.append(elapsed)
-            kv_tokens.append(outcome.kv_tokens)
-    weights = sum(w.numel() * w.element_size() for w in throughput.decode_weights(model))
-    kv_per_token = engine.runner.cache.bytes_per_block / BLOCK_SIZE
-    step_s = statistics.median(seconds)
-    return {
-        "step_s": step_s,
-        "tokens_per_s": batch / step_s,
-        "bytes": weights + kv_per_token * statistics.mean(kv_tokens),
-    }
+class Bench:
+    """The runs of one benchmark, and a note per (engine, batch): why it is missing, or more."""
 
+    def __init__(self, args: argparse.Namespace, folder: Path, device: torch.device) -> None:
+        import transformers
 
-def transformers_rows(
-    folder: Path, model: llmengine.Llama, dtype_name: str, batches: list[int], args
-) -> list[list]:
-    """Useful tokens/s of llmengine and transformers' engines on the same bursts.
+        self.args, self.device = args, device
+        self.model = llmengine.load_model(folder, device=str(device), dtype=args.dtype)
+        hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=DTYPES[args.dtype])
+        self.hf = hf.to(device).eval()
+        self.runs: list[gpu_burst.BurstRun] = []
+        self.notes: dict[tuple[str, int], str] = {}
+        # A GPU compiles on a static cache by itself; a CPU only when told it may.
+        self.generate_options: dict[str, Any] = {"cache_implementation": "static"}
+        if args.no_compile_transformers:
+            self.generate_options["disable_compile"] = True
+        elif device.type != "cuda":
+            self.generate_options["compile_config"] = cpu_compile_config()
 
-    An engine that fails on a batch is a row saying why, not the end of the benchmark:
-    transformers' batching API moves between releases, and the decode table must still be
-    written.
-    """
-    import transformers
-
-    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype_name])
-    runners = throughput.standard_runners(model, hf.to("cuda").eval(), BLOCK_SIZE)
-    skipped = set(args.skip.split(","))
-    baselines = [name for name in throughput.ENGINES[1:] if name not in skipped]
-    runners = {name: runners[name] for name in ("llmengine", *baselines)}
-    rows = []
-    for batch in batches:
-        workload = llmengine.uniform_burst(
-            batch, args.prompt_len, args.max_tokens, vocab_size=model.config.vocab_size
+    def bursts(self, batch: int) -> tuple[list, list]:
+        """The timed burst and its warm-up: the same shape, other prompts."""
+        shape = (batch, self.args.prompt_len, self.args.max_tokens)
+        vocab = self.model.config.vocab_size
+        return llmengine.uniform_burst(*shape, vocab_size=vocab, seed=1), llmengine.uniform_burst(
+            *shape, vocab_size=vocab, seed=2
         )
-        # `compare` keeps going past an engine that raises and says why in its place.
-        comparison = throughput.compare(runners, workload, repeats=args.repeats, warmup=1)
-        runs, failures = comparison.runs, comparison.failures
-        for name in baselines:
-            if "llmengine" not in runs or name not in runs:
-                reason = failures.get("llmengine") or failures[name]
-                rows.append([dtype_name, batch, name, 0.0, 0.0, 0.0, reason[:80]])
-                continue
-            ours = runs["llmengine"]
-            same = throughput.agreement(ours.outputs, runs[name].outputs)
-            rows.append(
-                [dtype_name, batch, name, runs[name].tokens_per_s,
-                 ours.tokens_per_s, throughput.speedup(ours, runs[name]),
-                 f"{same.identical}/{same.requests}"]
-            )  # fmt: skip
-    del hf
-    torch.cuda.empty_cache()
-    return rows
+
+    def run(self, kind: str, batch: int) -> None:
+        workload, warmup = self.bursts(batch)
+        block_size = self.args.block_size
+        if kind == TRANSFORMERS:
+            run = gpu_burst.generate_burst(self.hf, workload, warmup, kind, **self.generate_options)
+            compiled = "compiled" if gpu_burst.generate_compiles(self.hf) else "NOT compiled"
+            self.notes[kind, batch] = f"forward {compiled}"
+        elif kind == EAGER:
+            engine = gpu_burst.engine_for(self.model, workload, block_size)
+            run = gpu_burst.engine_burst(engine, workload, warmup, kind)
+        else:
+            try:
+                engine = gpu_burst.engine_for(
+                    self.model, workload, block_size, decode_graph=(batch,)
+                )
+            except Exception as error:  # the report says why, and the other rows still run
+                reason = throughput.failure_reason(error).removeprefix("did not run: ")
+                self.notes[kind, batch] = f"not built: {reason}"
+                return
+            run = gpu_burst.engine_burst(engine, workload, warmup, kind)
+            self.notes[kind, batch] = (
+                f"captured in {engine.runner.graph_compile_seconds:.1f} s at start-up; "
+                f"{engine.runner.graph_steps} steps of warm-up and run on the graph"
+            )
+        self.runs.append(run)
+        eager = [r for r in self.runs if r.engine == EAGER and r.batch == batch]
+        if kind != EAGER and eager:
+            same = sum(a == b for a, b in zip(run.outputs, eager[0].outputs, strict=True))
+            notes = [self.notes[kind, batch]] if (kind, batch) in self.notes else []
+            self.notes[kind, batch] = "; ".join([*notes, f"tokens of {same}/{batch} as eager's"])
 
 
-def main() -> None:
+def numbers(run: gpu_burst.BurstRun, bound: float | None) -> list[float]:
+    """A run's columns in the table's units; NaN (shown n/a) where it has no such number."""
+    ms = 1e3
+
+    def scaled(value: float | None, unit: float = 1.0) -> float:
+        return float("nan") if value is None else value * unit
+
+    share = run.bandwidth_gbs / bound if run.bandwidth_gbs is not None and bound else None
+    return [scaled(run.ttft_s, ms), scaled(run.step_s, ms), scaled(run.decode_tokens_per_s),
+            scaled(share), run.whole_s, run.whole_tokens_per_s]  # fmt: skip
+
+
+def table(bench: Bench, bound: float | None) -> str:
+    """Every (batch, engine) in run order: its numbers, or only the note saying why none."""
+    rows = []
+    for batch in sorted(bench.args.batch_sizes):
+        for kind in KINDS:
+            note = bench.notes.get((kind, batch), "")
+            found = [run for run in bench.runs if run.engine == kind and run.batch == batch]
+            if found:
+                rows.append([batch, kind, *numbers(found[0], bound), note])
+            elif note:
+                rows.append([batch, kind, *[float("nan")] * 6, note])
+    headers = ["batch", "engine", "TTFT ms", "decode step ms", "decode tok/s", "of bound",
+               "whole s", "whole tok/s", "notes"]  # fmt: skip
+    return markdown_table(rows, headers, ["d", "", ".1f", ".2f", ",.0f", ".1%", ".3f", ",.0f", ""])
+
+
+def report(bench: Bench, bound: float | None, source: str, parameters: int) -> str:
+    args = bench.args
+    gpu = torch.cuda.get_device_name(bench.device) if bench.device.type == "cuda" else "none"
+    machine = [
+        *throughput.machine_description(),
+        ("device", f"{bench.device.type}: {gpu}"),
+        ("CUDA (torch built with)", str(torch.version.cuda)),
+    ]
+    bound_text = f"{bound:.0f} GB/s ({source})" if bound else "unknown (no device figure)"
+    return "\n".join([
+        f"# The engine on {gpu if bench.device.type == 'cuda' else bench.device.type}\n",
+        f"Model: {args.model or 'random Llama, Llama 3.2 1B shape'} ({parameters / 1e9:.2f}B "
+        f"parameters), {args.dtype}; uniform bursts of {args.prompt_len}-token prompts, "
+        f"{args.max_tokens} new tokens each, greedy. Bandwidth bound {bound_text}.\n",
+        f"One clock for every row: {gpu_burst.TIMER}. TTFT is the start to the end of the "
+        "prefill step; decode is the rest (whole = TTFT + decode); every timed run is the "
+        "second call of its engine (the first compiles, loads kernels, plans). transformers "
+        "is timed as one call: whole run only. MB a decode step must read: every weight once "
+        "plus each row's K/V, the least it can move, so `of bound` is an upper limit's.\n",
+        table(bench, bound),
+        "## Targets\n",
+        markdown_table(target_rows(bench.runs, bound),
+                       ["batch", "target", "goal", "measured", "met"]),  # fmt: skip
+        "## Decode graph tokens against eager\n",
+        markdown_table(graph_agreement(bench.runs) or [["-", "no graph run"]],
+                       ["batch", "identical"]),  # fmt: skip
+        "## Machine\n",
+        markdown_table(machine, ["", ""]),
+    ])  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> Bench:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, metavar="DIR")
-    parser.add_argument("--dtypes", default="bfloat16,float32", metavar="D,D")
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
-    parser.add_argument("--compare-batch-sizes", default="1,16,64,256", metavar="B,B")
+    parser.add_argument("--device", default="cuda", help="cuda (default), or cpu to try it")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    # In the order they run, the targets' batches first; the table sorts them.
+    parser.add_argument("--batch-sizes", default="1,64,256,8", metavar="B,B",
+                        type=lambda text: [int(b) for b in text.split(",")])  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip", default="", metavar="generate_batch",
-                        help="transformers engines to leave out, comma-separated")  # fmt: skip
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--no-graph", action="store_true", help="leave out the decode graph")
+    parser.add_argument("--no-compile-transformers", action="store_true",
+                        help="transformers on its static cache, uncompiled")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=270.0,
+                        help="start no run after this many seconds (default 270)")  # fmt: skip
     parser.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GB/S",
                         help="the bound (default: from the device, else the H200's)")  # fmt: skip
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_cuda.py: torch sees no CUDA device; this benchmark needs one")
-    measured = device_bandwidth_gbs()
-    bound = args.bandwidth_gbs or measured or H200_BANDWIDTH_GBS
+    if args.max_tokens < 2:
+        sys.exit("bench_cuda.py: --max-tokens must be at least 2 (one prefill token, one decode)")
+    deadline = time.monotonic() + args.budget_s
+    measured = device_bandwidth_gbs(device)
+    bound = (
+        args.bandwidth_gbs or measured or (H200_BANDWIDTH_GBS if device.type == "cuda" else None)
+    )
     source = "--bandwidth-gbs" if args.bandwidth_gbs else "device" if measured else "H200 default"
-    dtypes = args.dtypes.split(",")
-    if unknown := sorted(set(dtypes) - set(DTYPES)):
-        sys.exit(f"bench_cuda.py: unknown dtypes {unknown} (use {sorted(DTYPES)})")
-    batches = [int(b) for b in args.batch_sizes.split(",")]
-    compare = [int(b) for b in args.compare_batch_sizes.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.model
-        if folder is None:
-            folder = Path(scratch)
+        folder = args.model or Path(scratch)
+        if args.model is None:
             throughput.save_random_checkpoint(folder, **ONE_B_SHAPE)
-        decode, versus = [], []
-        for name in dtypes:
-            model = llmengine.load_model(folder, device="cuda", dtype=name)
-            parameters = throughput.parameter_count(model)
-            decode_steps(model, 1, args.prompt_len, 4)  # kernels loaded, caches warm
-            for batch in batches:
-                step = decode_steps(model, batch, args.prompt_len, args.max_tokens)
-                reached = step["bytes"] / step["step_s"] / 1e9
-                decode.append([name, batch, step["step_s"] * 1e3, step["tokens_per_s"],
-                               step["bytes"] / 1e6, reached, reached / bound])  # fmt: skip
-                print(f"{name} batch {batch}: {step['tokens_per_s']:.0f} tokens/s", flush=True)
-            versus += transformers_rows(folder, model, name, compare, args)
-            del model
-            torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name(0)
-    text = "\n".join([
-        f"# The engine on {gpu}\n",
-        f"Model: {args.model or 'random Llama, Llama 3.2 1B shape'} ({parameters / 1e9:.2f}B "
-        f"parameters); uniform bursts, {args.prompt_len}-token prompts, {args.max_tokens} "
-        f"tokens each, greedy. Bandwidth bound {bound:.0f} GB/s ({source}).\n",
-        "## Decode steps\n",
-        "Median decode step. MB read: every weight once plus the K/V every row attends "
-        "over, the least a step can move; the engine moves more (it gathers each row's K/V "
-        "into a padded copy per layer), so the share of the bound is an upper limit's.\n",
-        markdown_table(decode, ["dtype", "batch", "step ms", "tokens/s", "MB read", "GB/s",
-                                "of bound"], ["", "d", ".2f", ".0f", ".1f", ".0f", ".1%"]),
-        "## Against transformers\n",
-        "Useful tokens/s per whole run (prefill included), median of "
-        f"{args.repeats}; identical = requests whose tokens equal llmengine's.\n",
-        markdown_table(versus, ["dtype", "batch", "baseline", "baseline tokens/s",
-                                "llmengine tokens/s", "speed-up", "identical"],
-                       ["", "d", "", ".0f", ".0f", ".2f", ""]),
-        "## Machine\n",
-        markdown_table([*machine(), ("GPU", gpu)], ["", ""]),
-    ])  # fmt: skip
-    print(f"wrote {write_report(REPORT, text, wallclock=True)}")
+        bench = Bench(args, folder, device)
+    parameters = throughput.parameter_count(bench.model)
+    path = Path()
+    for kind in KINDS:
+        for batch in args.batch_sizes:
+            if kind == GRAPH and args.no_graph:
+                bench.notes[kind, batch] = "not run (--no-graph)"
+            elif time.monotonic() > deadline:
+                bench.notes[kind, batch] = f"skipped: past the {args.budget_s:.0f} s budget"
+            else:
+                try:
+                    bench.run(kind, batch)
+                except Exception as error:  # the report says why, and the other rows still run
+                    bench.notes[kind, batch] = throughput.failure_reason(error)
+                print(
+                    f"{kind}, batch {batch}: {bench.notes.get((kind, batch), 'done')}", flush=True
+                )
+            path = write_report(REPORT, report(bench, bound, source, parameters), wallclock=True)
+    print(f"wrote {path}")
+    return bench
 
 
 if __name__ == "__main__":

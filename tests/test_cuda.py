@@ -218,3 +218,23 @@ def test_bfloat16_decode_graph_replays_the_uncaptured_step() -> None:
     for actual, wanted in zip(replayed, expected, strict=True):
         torch.testing.assert_close(actual, wanted, atol=5e-2, rtol=2e-2)
     assert not torch.allclose(replayed[0], replayed[1], atol=5e-2, rtol=2e-2)
+
+
+def test_gathered_attention_on_cuda_runs_no_cudnn_op() -> None:
+    """cuDNN plans SDPA anew for every key length; the engine's steps must never reach it.
+
+    bfloat16 (cuDNN's attention takes no float32), prompts of different lengths (so the
+    decode steps attend through a mask) and a uniform pair (no mask): every op of the
+    profiled steps, on the host and the device, is named without "cudnn".
+    """
+    model = llmengine.load_model(device="cuda", dtype=torch.bfloat16)
+    params = llmengine.SamplingParams(max_tokens=6, ignore_eos=True)
+    uneven = prompts_for(4, 4, model.config.vocab_size)
+    even = [[7] * 12, [9] * 12]
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        for prompts in (uneven, even):
+            engine_on(model).generate(prompts, params)
+    names = {event.key for event in profile.key_averages()}
+    assert any("attention" in name for name in names), "the profile holds no attention op"
+    assert not [name for name in names if "cudnn" in name.lower()]

@@ -8,15 +8,18 @@ number (the packed sequence is then that batch, read without a copy), else the d
 together and every prefill row alone, so no decode query is padded to a prefill's length. A
 group reads its rows' K/V position by position through flat indices, as `[rows, longest end]`
 keys (reading whole blocks instead is slower: it copies the unused tail of every last block
-too); a mask hides the keys past each query's position.
+too); a mask hides the keys past each query's position. On CUDA, SDPA runs only on backends
+that keep no plan per shape (`attention_without_cudnn`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from llmengine.kv.blocks import blocks_for_length
 from llmengine.kv.paged_cache import PagedKVCache
@@ -135,8 +138,44 @@ class _RowGroup:
         """This group's outputs `[rows * n, heads, head_dim]` from the packed `queries`."""
         q = queries[self.tokens].reshape(*self.shape, *queries.shape[1:])
         keys, values = cache.gather(layer_index, self.read_indices)
-        out = grouped_query_attention(q, keys, values, mask=self.mask, is_causal=self.is_causal)
+        attention = sdpa_for(q.device)
+        out = attention(q, keys, values, mask=self.mask, is_causal=self.is_causal)
         return out.flatten(0, 1)
+
+
+# Left to itself, SDPA on a CUDA device may pick cuDNN, which builds an execution plan for every
+# new shape: 3-4 ms a call on an H200, 16 calls a step, and the decode's key length is a new
+# shape every step. Flash and memory-efficient attention launch fixed kernels for any length;
+# flash takes no mask, memory-efficient takes any mask but only as many K/V heads as query
+# heads, and math (the fallback, e.g. float32 with grouped heads) takes anything.
+SHAPE_FREE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_for(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The attention a group runs on `device`: CUDA's without cuDNN, else SDPA as it chooses."""
+    return attention_without_cudnn if device.type == "cuda" else grouped_query_attention
+
+
+def attention_without_cudnn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """`grouped_query_attention` restricted to `SHAPE_FREE_BACKENDS`: the CUDA path.
+
+    With a mask, each K/V head is repeated for the query heads it serves, so the masked call
+    can take the memory-efficient kernel (which has no grouped-query form) instead of math.
+    The same arithmetic as `grouped_query_attention` on any device, which the tests check on
+    the CPU.
+    """
+    if mask is not None and k.shape[2] != q.shape[2]:
+        group = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    with sdpa_kernel(SHAPE_FREE_BACKENDS):
+        return grouped_query_attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
 def block_table_tensor(rows: list[PagedRow], block_size: int, device: torch.device) -> torch.Tensor:
