@@ -15,9 +15,12 @@ import pytest
 
 import llmengine
 from llmengine.cli import build_parser
+from llmengine.params import SamplingParams
 from llmengine.server import engine_events
-from llmengine.server.engine_events import QUEUE_SIZE, Subscriber
+from llmengine.server.engine_events import QUEUE_SIZE, EngineEvents, Subscriber
 from llmengine.server.engine_snapshot import CACHED, FREE, run_length
+from llmengine.server.metrics import ServerMetrics
+from llmengine.structured.constraint import Constraint
 from tests.server_helpers import MODEL_NAME, TIMEOUT, Served, served, wait_until
 
 FEED = "/v1/engine/events"
@@ -153,6 +156,43 @@ def test_a_slow_subscriber_loses_its_oldest_snapshots_not_the_engines_time() -> 
 
     kept = asyncio.run(offer_too_many())
     assert kept == [str(index) for index in range(5, QUEUE_SIZE + 5)]
+
+
+def test_prefix_hits_speculation_and_grammars_are_events(
+    model: llmengine.Llama, tokenizer: Any
+) -> None:
+    """The engine stepped by hand, one subscriber listening: a shared prefix is a hit, an
+    n-gram guess a speculation event, a request with a grammar a constrained admission, and a
+    finished request's prefix blocks stay behind as cached, nobody's."""
+    engine = llmengine.Engine(model, num_blocks=32, block_size=4, num_slots=4, tokenizer=tokenizer,
+                              enable_prefix_caching=True, speculative="ngram")  # fmt: skip
+    events = EngineEvents(ServerMetrics())
+    repeated = tokenizer.encode("ROMEO:\nROMEO:\nROMEO:\nROMEO:")  # a prompt lookup guesses
+    plain = SamplingParams(max_tokens=8, ignore_eos=True)
+    constrained = SamplingParams(max_tokens=8, constraint=Constraint.regex("[a-z]+"))
+
+    async def listen() -> dict[str, Any]:
+        events.subscribe()
+        engine.add_request(repeated, plain)
+        while engine.has_unfinished():
+            events.record(engine, engine.step(), 0.001)
+        ids = engine.add_requests([repeated, [5, 6, 7]], [plain, constrained])
+        while engine.has_unfinished():
+            events.record(engine, engine.step(), 0.001)
+        snapshot = events.snapshot(engine, time.monotonic())
+        return snapshot | {"ids": ids}
+
+    snapshot = asyncio.run(listen())
+    shared, constrained_id = snapshot["ids"]
+    kinds = {event["kind"]: event for event in snapshot["events"]}
+    hit = (len(repeated) - 1) // 4 * 4  # every full block but the one with its last token
+    assert kinds["prefix_hit"]["request"] == shared and kinds["prefix_hit"]["tokens"] == hit
+    assert kinds["spec"]["proposed"] >= max(kinds["spec"]["accepted"], 1)
+    assert kinds["constrained"]["request"] == constrained_id
+    assert [e["request"] for e in snapshot["events"] if e["kind"] == "constrained"] == [
+        constrained_id
+    ]
+    assert CACHED in owners(snapshot["pool"]) and max(owners(snapshot["pool"])) < 0
 
 
 def test_owners_are_run_length_encoded() -> None:
