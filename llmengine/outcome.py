@@ -91,13 +91,14 @@ class IterationOutcome:
     actually written (`kv_tokens` positions) fills, so held - needed is reservation waste and
     needed * block_size - kv_tokens is the unfilled tail of last blocks (fragmentation).
 
-    Preemption: `evicted` names every victim of the step, `swapped_out` those of them whose
-    K/V went to the host swap space (the others were preempted by recompute and will come back
-    as `resumed` prefills), `swapped_in` the swapped requests that came back, each as a decode
-    row of one position with nothing recomputed. `blocks_swapped_out` and `blocks_swapped_in`
-    count the blocks copied each way before the forward, each `bytes_per_block` bytes;
-    `held_swap_blocks` of `num_swap_blocks` host blocks were booked once the step was
-    decided.
+    Preemption: `evicted` names every victim of the step, `evicted_for` maps each victim to
+    the request whose growth took its blocks (itself when it gave way), `swapped_out` those
+    of them whose K/V went to the host swap space (the others were preempted by recompute and
+    will come back as `resumed` prefills), `swapped_in` the swapped requests that came back,
+    each as a decode row of one position with nothing recomputed. `blocks_swapped_out` and
+    `blocks_swapped_in` count the blocks copied each way before the forward, each
+    `bytes_per_block` bytes; `held_swap_blocks` of `num_swap_blocks` host blocks were booked
+    once the step was decided.
 
     `logprobs` has a `TokenLogprobs` for the token of every row whose request asked for them.
     `prompt_logprobs` has, for each request with `prompt_logprobs` whose prefill computed
@@ -116,7 +117,10 @@ class IterationOutcome:
 
     `forward` says how the step's forward ran: "decode_graph", or eager and why: "eager" (no
     graphs asked for), "eager_prefill", "eager_drafts" or "eager_no_bucket" (more rows than
-    the largest kept bucket).
+    the largest kept bucket). `forward_seconds` is the wall time from the forward's launch to
+    its sampled tokens read back (on a GPU the read-back waits for the device, so this is the
+    device's share of the step; the rest of the step is the host's). Being a clock's reading,
+    it takes no part in comparing two outcomes.
     """
 
     iteration: int
@@ -128,6 +132,7 @@ class IterationOutcome:
     prompt_logprobs: dict[int, list[TokenLogprobs]] = field(default_factory=dict)
     cached_prefix: dict[int, int] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
+    evicted_for: dict[int, int] = field(default_factory=dict)
     swapped_out: list[int] = field(default_factory=list)
     swapped_in: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
@@ -147,6 +152,7 @@ class IterationOutcome:
     blocks_swapped_in: int = 0
     held_swap_blocks: int = 0
     forward: str = EAGER
+    forward_seconds: float = field(default=0.0, compare=False)  # a clock, not what ran
 
     @property
     def num_slots(self) -> int:
@@ -190,9 +196,10 @@ class StepResult:
     whose logits were finite (a list for a row with drafts: those kept, then the model's own),
     the logprobs of those that asked, the prompt logprobs the prefill rows scored, the
     requests that failed, with why, each drafting row's proposed and kept counts, and how the
-    forward ran (`forward`, as `IterationOutcome.forward`). `left_out` names the failed
-    requests whose rows the forward did not compute (their inputs could not be prepared):
-    the scheduler takes their rows back (`Scheduler.forward_failed`)."""
+    forward ran (`forward`, as `IterationOutcome.forward`) and how long it took with its
+    sampling (`forward_seconds`). `left_out` names the failed requests whose rows the forward
+    did not compute (their inputs could not be prepared): the scheduler takes their rows back
+    (`Scheduler.forward_failed`)."""
 
     tokens: dict[int, int | list[int]] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
@@ -200,6 +207,7 @@ class StepResult:
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     forward: str = EAGER
+    forward_seconds: float = field(default=0.0, compare=False)  # a clock, not what ran
     left_out: list[int] = field(default_factory=list)
 
 
@@ -227,6 +235,7 @@ def build_outcome(
         failed=result.failed,
         finished=[request.request_id for request in finished],
         evicted=[request.request_id for request in decision.preempted],
+        evicted_for=dict(decision.preempted_for),
         swapped_out=[request.request_id for request in decision.swapped_out],
         swapped_in=[request.request_id for request in decision.swapped_in],
         admitted=admitted,
@@ -252,4 +261,5 @@ def build_outcome(
         blocks_swapped_in=len(decision.blocks_to_swap_in),
         held_swap_blocks=decision.held_swap_blocks,
         forward=result.forward,
+        forward_seconds=result.forward_seconds,
     )

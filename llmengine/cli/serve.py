@@ -74,6 +74,7 @@ def _serve(
         chat_template=chat_template_of(folder, tokenizer),
         allowed_origins=args.allowed_origins,
         tool_call_parser=args.tool_call_parser,
+        dashboard=args.dashboard,
     )
     return serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
 
@@ -137,6 +138,10 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="read the model's own tool calls from tool_choice \"auto\" outputs, in this "
         "format: hermes (<tool_call> tags) or llama3_json (Llama 3.x JSON calls); without it "
         "such outputs are returned as text (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-dashboard", dest="dashboard", action="store_false",
+        help="serve neither the live page /dashboard nor its feed /v1/engine/events",
     )  # fmt: skip
     parser.add_argument(
         "--shutdown-timeout", type=non_negative_float, default=SHUTDOWN_TIMEOUT, metavar="S",

@@ -119,6 +119,11 @@ class CachingBlockPool:
     def held_ids(self) -> frozenset[int]:
         return frozenset(self._refcount)
 
+    @property
+    def evictable_ids(self) -> frozenset[int]:
+        """Cached blocks no request holds: free for allocation, K/V still valid."""
+        return frozenset(self._evictable)
+
     def refcount(self, block_id: int) -> int:
         """How many holders a block has (0 when free or evictable)."""
         self._check_id(block_id)

@@ -33,6 +33,7 @@ the cache.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -211,6 +212,7 @@ class ModelRunner:
             rows, left_out = self._rows_that_prepare(decision, failed)
             prepared = self._prepare(rows, decision)
         plan, inputs, logits_plan, num_drafts = prepared
+        started = time.perf_counter()
         own = self.execute(plan, inputs)
         draft_logits = NO_LOGITS
         if num_drafts:
@@ -223,6 +225,7 @@ class ModelRunner:
         result = self.sampler.sample(rows, sampling, draft_logits, draft_probs, failed)
         result.prompt_logprobs = scored
         result.forward = plan.path
+        result.forward_seconds = time.perf_counter() - started
         result.left_out = left_out
         return result
 

@@ -101,7 +101,9 @@ class SchedulerOutput:
     """The decision for one iteration: rows to compute, and who was evicted to make room.
 
     `preempted` lists every victim of the step, by either mode, in the order they were picked
-    (the outcome calls them `evicted`); `swapped_out` the ones whose K/V went to the swap
+    (the outcome calls them `evicted`), and `preempted_for` names, for each victim's id, the
+    request whose growth needed its blocks (the victim's own id when it was the youngest left
+    and gave way itself); `swapped_out` the ones whose K/V went to the swap
     space (the rest were preempted by recompute), and `swapped_in` the swapped requests that
     came back, each as a decode row. The block moves are (from, to) pairs:
     `blocks_to_swap_out` device block -> host block, `blocks_to_swap_in` host block -> device
@@ -128,6 +130,7 @@ class SchedulerOutput:
 
     rows: list[ScheduledRow] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    preempted_for: dict[int, int] = field(default_factory=dict)
     swapped_out: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)

@@ -148,6 +148,7 @@ class Scheduler(SchedulingRules):
             while not self.blocks.can_allocate(needed):
                 victim = self.select_victim(self.running[granted:])
                 self._preempt(victim, out)
+                out.preempted_for[victim.request_id] = request.request_id
                 if victim is request:
                     break
             if request.state is not RequestState.RUNNING:

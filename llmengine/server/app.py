@@ -7,13 +7,15 @@ shutdown aborts what is in flight and joins the engine thread.
 A shutdown drains first (`Drain`, begun by the runner when SIGTERM or SIGINT arrives): new
 `/v1` requests get a JSON 503 and `/health` turns 503, the requests in flight get up to the
 shutdown timeout to finish, and those still running then end with an error (an OpenAI error
-event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body.
+event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body. The
+dashboard's feeds, which never end by themselves, end as the drain begins.
 
 With `allowed_origins`, CORS headers let the pages of those origins call the API from a
 browser (preflights are answered before the key is checked: a browser sends none with them).
 Two checks run before any route, as plain ASGI middleware: with an API key, every `/v1`
 request needs `Authorization: Bearer KEY` (compared in constant time) or gets 401, while
-`/health` and `/metrics` stay open; and a body over `max_body_bytes` gets 413, whether its
+`/health`, `/metrics` and the `/dashboard` page (which holds no data: its feed is under
+`/v1`) stay open; and a body over `max_body_bytes` gets 413, whether its
 Content-Length says so or it only turns out so as it streams in. Headers are never logged,
 so the key never reaches a log.
 """
@@ -33,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmengine.engine import Engine
 from llmengine.server.chat import ChatFormatter
+from llmengine.server.dashboard import add_dashboard
 from llmengine.server.engine_loop import EngineLoop
 from llmengine.server.errors import APIError, install_error_handlers
 from llmengine.server.metrics import ServerMetrics
@@ -57,6 +60,7 @@ def create_app(
     chat_template: str | None = None,
     allowed_origins: Sequence[str] = (),
     tool_call_parser: str | None = None,
+    dashboard: bool = True,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
 
@@ -66,9 +70,11 @@ def create_app(
     plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`) whose pages
     may call the API from a browser (CORS); none by default. `tool_call_parser`: the format
     (`hermes`, `llama3_json`) in which tool_choice "auto" outputs are read for calls (see
-    `llmengine.server.tool_calls`); None returns them as text. The app owns the engine from its
-    startup to its shutdown: nothing else may step it meanwhile. `app.state.engine_loop`,
-    `app.state.metrics` and `app.state.drain` are there to inspect. An engine built without
+    `llmengine.server.tool_calls`); None returns them as text. `dashboard`: serve the live
+    page `/dashboard` and its feed `/v1/engine/events` (`llmengine.server.dashboard`). The
+    app owns the engine from its startup to its shutdown: nothing else may step it
+    meanwhile. `app.state.engine_loop`, `app.state.metrics` and `app.state.drain` are there
+    to inspect. An engine built without
     a tokenizer is given this one: its constrained requests need it.
     """
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
@@ -134,6 +140,9 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    if dashboard:
+        add_dashboard(app, engine_loop.events)
+
     describe(app, api_key=bool(api_key))
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(RefuseWhileDraining, drain=drain)
@@ -168,6 +177,7 @@ class Drain:
         if self.started:
             return
         self.started = True
+        self.engine_loop.events.close()  # the dashboard's feeds would never end by themselves
         reason = f"the server shut down before this request finished ({timeout:g} s allowed)"
         self._timer = threading.Timer(timeout, self.engine_loop.fail_all, args=(reason,))
         self._timer.daemon = True

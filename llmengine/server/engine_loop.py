@@ -9,6 +9,8 @@ steps once if anything is unfinished, and blocks on the queue when idle (no busy
 engine request's tokens go back to the asyncio loop that asked for it, into an asyncio.Queue
 of its own, via `loop.call_soon_threadsafe`. A request that ends (finished or aborted) has
 its record released from the engine at once, so a server that runs for ever holds none.
+The live feed (`EngineEvents`) is fed on this thread too: each step's outcome and time, and
+a snapshot of the pool and queues when one is due and someone listens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from llmengine.engine import Engine
 from llmengine.outcome import IterationOutcome
 from llmengine.params import SamplingParams
+from llmengine.server.engine_events import EngineEvents
 from llmengine.server.metrics import ServerMetrics
 from llmengine.structured.grammar import GrammarCompiler
 
@@ -103,6 +106,7 @@ class _FailAll:
 
 
 _STOP = object()
+_WAKE = object()  # turn the loop once: a feed subscriber wants the current state
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,8 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, _Sink] = {}
         self._thread: threading.Thread | None = None
+        self.events = EngineEvents(metrics)  # the live feed, fed on the engine thread
+        self.events.wake = lambda: self._commands.put(_WAKE)
         metrics.kv_blocks_total.set(engine.num_blocks)
         self._publish()
 
@@ -237,9 +243,11 @@ class EngineLoop:
 
     def _loop(self) -> None:
         while True:
-            # Block for a command only when there is nothing to step.
+            # Block for a command only when there is nothing to step, and no longer than
+            # until the feed owes its listeners a snapshot.
+            idle = not self.engine.has_unfinished()
             try:
-                command = self._commands.get(block=not self.engine.has_unfinished())
+                command = self._commands.get(block=idle, timeout=self.events.wait_limit())
             except queue.Empty:
                 command = None
             while command is not None:
@@ -247,7 +255,8 @@ class EngineLoop:
                     self._abort_all(EngineStopped("the server is shutting down"))
                     self._refuse_pending()
                     return
-                self._handle_one(command)
+                if command is not _WAKE:
+                    self._handle_one(command)
                 try:
                     command = self._commands.get_nowait()
                 except queue.Empty:
@@ -255,6 +264,7 @@ class EngineLoop:
             if self.engine.has_unfinished():
                 self._step()
             self._publish()
+            self.events.publish_if_due(self.engine)
 
     def _handle_one(self, command: _Add | _Abort | _FailAll) -> None:
         """Carry out one command; an exception fails that command's requests, not the loop."""
@@ -307,12 +317,14 @@ class EngineLoop:
         command.future.set_result((ids, events))
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             outcome = self.engine.step()
         except Exception as error:  # a broken engine must not leave clients waiting for ever
             logger.exception("engine step failed; aborting every request in flight")
             self._abort_all(EngineStopped(f"the engine failed: {error}"))
             return
+        self.events.record(self.engine, outcome, time.perf_counter() - started)
         self._deliver(outcome)
 
     def _deliver(self, outcome: IterationOutcome) -> None:
