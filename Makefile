@@ -14,7 +14,7 @@ export PYTHONHASHSEED := 0
 # One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: reports test lab lint format model bench peers cuda-check
+.PHONY: reports test lab lint format model bench peers cuda-check browser
 
 # torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -37,9 +37,17 @@ reports: $(STAMP)
 # Lint, unit tests (two workers, each test file whole in one, so module fixtures load once),
 # then every lesson executed into a temporary folder and its tables compared with the
 # committed reports/ (no file in the repository changes).
-test: lint $(STAMP)
+test: lint $(STAMP) browser
 	$(BIN)/pytest -n 2 --dist loadfile tests
 	$(BIN)/python scripts/check_lessons.py --timeout $(CELL_TIMEOUT)
+
+# Headless Chromium for the dashboard's browser test: the distribution's package, installed
+# with apt-get only when missing (Playwright, from the dev extras, drives it; it never
+# downloads a browser of its own). Where it cannot be installed the test is skipped, saying why.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+		>/dev/null 2>&1 || echo "chromium could not be installed: the browser test will be skipped"
 
 # Read and run the lessons one cell at a time, without executing them all first. Jupyter
 # refuses to start as root (a container, a CI machine) unless told it may; LAB_OPTIONS passes
@@ -68,6 +76,8 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_tensor_parallel.py
 	$(BIN)/python scripts/bench_speculative.py
 	$(BIN)/python scripts/bench_host_time.py
+	$(BIN)/python scripts/bench_engine_events.py
+	$(BIN)/python scripts/dashboard_screenshot.py
 
 # llama.cpp and vLLM against llmengine on the same weights and threads (2 unless PEERS_ARGS
 # says --threads N); builds and downloads into .cache/peers/ on first use (see README).

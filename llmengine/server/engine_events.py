@@ -42,12 +42,15 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmengine.engine import Engine
 from llmengine.outcome import IterationOutcome
 from llmengine.server.engine_snapshot import engine_state
 from llmengine.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
 
 INTERVAL = 0.1  # seconds: at most ten snapshots a second, however fast the engine steps
 WINDOW = 60.0  # seconds of latency the rates average over
@@ -83,7 +86,7 @@ class EngineEvents:
         self._reset()
         self._last_sent = float("-inf")
         self._owed = False  # something happened since the last snapshot
-        self._window: deque[tuple[float, float, float, float, float, float]] = deque()
+        self._window: deque[tuple[float, float, float, float, float]] = deque()
 
     @property
     def listening(self) -> bool:
@@ -112,6 +115,7 @@ class EngineEvents:
         self._steps += 1
         self._step_seconds += seconds
         self._forward_seconds += outcome.forward_seconds
+        self._tokens += sum(len(outcome.new_tokens(request_id)) for request_id in outcome.tokens)
         step, swapped = outcome.iteration, set(outcome.swapped_out)
         for victim in outcome.evicted:
             mode = "swap" if victim in swapped else "recompute"
@@ -180,6 +184,7 @@ class EngineEvents:
         self._steps = 0
         self._step_seconds = 0.0
         self._forward_seconds = 0.0
+        self._tokens = 0
 
     def _add(self, step: int, kind: str, **fields: Any) -> None:
         if len(self._events) < MAX_EVENTS:
@@ -189,29 +194,26 @@ class EngineEvents:
 
     def _rates(self, now: float, elapsed: float) -> dict[str, float | None]:
         """Tokens per second since the previous snapshot; mean TTFT and ITL over the last
-        `WINDOW` seconds, from the server's own counters and histograms."""
-        read = self.metrics.registry.get_sample_value
-        sample = (
-            now,
-            read("llmengine_generation_tokens_total") or 0.0,
-            read("llmengine_time_to_first_token_seconds_sum") or 0.0,
-            read("llmengine_time_to_first_token_seconds_count") or 0.0,
-            read("llmengine_inter_token_latency_seconds_sum") or 0.0,
-            read("llmengine_inter_token_latency_seconds_count") or 0.0,
-        )
-        previous = self._window[-1] if self._window else sample
+        `WINDOW` seconds, from the sums and counts of the server's latency histograms."""
+        sample = (now, *sum_and_count(self.metrics.time_to_first_token),
+                  *sum_and_count(self.metrics.inter_token_latency))  # fmt: skip
         self._window.append(sample)
         while now - self._window[0][0] > WINDOW:
             self._window.popleft()
         first = self._window[0]
 
-        def mean_ms(sum_index: int) -> float | None:
-            count = sample[sum_index + 1] - first[sum_index + 1]
-            return round(1e3 * (sample[sum_index] - first[sum_index]) / count, 3) if count else None
+        def mean_ms(index: int) -> float | None:
+            count = sample[index + 1] - first[index + 1]
+            return round(1e3 * (sample[index] - first[index]) / count, 3) if count else None
 
-        tokens = sample[1] - previous[1]
         return {
-            "tokens_per_s": round(tokens / elapsed, 2) if tokens and elapsed > 0 else 0.0,
-            "ttft_ms": mean_ms(2),
-            "itl_ms": mean_ms(4),
+            "tokens_per_s": round(self._tokens / elapsed, 2) if elapsed > 0 else 0.0,
+            "ttft_ms": mean_ms(1),
+            "itl_ms": mean_ms(3),
         }
+
+
+def sum_and_count(histogram: Histogram) -> tuple[float, float]:
+    """A Prometheus histogram's running sum and count of observations."""
+    values = {s.name.rsplit("_", 1)[-1]: s.value for s in histogram.collect()[0].samples}
+    return values["sum"], values["count"]
