@@ -119,7 +119,8 @@ class IterationOutcome:
     graphs asked for), "eager_prefill", "eager_drafts" or "eager_no_bucket" (more rows than
     the largest kept bucket). `forward_seconds` is the wall time from the forward's launch to
     its sampled tokens read back (on a GPU the read-back waits for the device, so this is the
-    device's share of the step; the rest of the step is the host's).
+    device's share of the step; the rest of the step is the host's). Being a clock's reading,
+    it takes no part in comparing two outcomes.
     """
 
     iteration: int
@@ -151,7 +152,7 @@ class IterationOutcome:
     blocks_swapped_in: int = 0
     held_swap_blocks: int = 0
     forward: str = EAGER
-    forward_seconds: float = 0.0
+    forward_seconds: float = field(default=0.0, compare=False)  # a clock, not what ran
 
     @property
     def num_slots(self) -> int:
@@ -206,7 +207,7 @@ class StepResult:
     failed: dict[int, str] = field(default_factory=dict)
     drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
     forward: str = EAGER
-    forward_seconds: float = 0.0
+    forward_seconds: float = field(default=0.0, compare=False)  # a clock, not what ran
     left_out: list[int] = field(default_factory=list)
 
 

@@ -175,6 +175,9 @@ def test_the_feed_needs_the_key_and_the_page_does_not(guarded: Served) -> None:
     page = httpx.get(guarded.url + "/dashboard", timeout=TIMEOUT)
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "/v1/engine/events" in page.text and "sesame" not in page.text
+    document = httpx.get(guarded.url + "/openapi.json", timeout=TIMEOUT).json()
+    responses = document["paths"][FEED]["get"]["responses"]
+    assert list(responses["200"]["content"]) == ["text/event-stream"] and "401" in responses
     snapshots = listen_during_burst(guarded, Authorization="Bearer sesame")
     assert any(event["kind"] == "preempt" for s in snapshots for event in s["events"])
 

@@ -155,6 +155,15 @@ def _document(app: FastAPI, api_key: bool) -> dict[str, Any]:
         },
         **_errors([503]),
     }
+    if "/v1/engine/events" in paths:  # the dashboard's feed, unless --no-dashboard
+        paths["/v1/engine/events"]["get"]["responses"] = {
+            "200": {
+                "description": "the engine's live snapshots as Server-Sent Events, one JSON "
+                "object per `data:` line (see llmengine.server.engine_events)",
+                "content": {"text/event-stream": {"schema": SSE_EVENT}},
+            },
+            **_errors(key),
+        }
     paths["/metrics"]["get"]["responses"] = {
         "200": {
             "description": "Prometheus metrics",
