@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from matplotlib.figure import Figure
 
 import llmengine
@@ -171,6 +172,10 @@ def test_the_recorder_hears_a_preempting_burst_to_its_end() -> None:
         with FeedRecorder(server.url, expected=len(burst), max_seconds=30) as recorder:
             run = run_over_http(server.api, "served", burst)
         metrics = read_metrics(server.url)
+        # An idle server reports nobody finishing: the recorder stops at its bound and says so.
+        idle = FeedRecorder(server.url, expected=1, max_seconds=1.5)
+        with pytest.raises(RuntimeError, match="feed"), idle:
+            pass
     snapshots = recorder.snapshots
     assert all(record.ok for record in run.records)
     assert finished_ids(snapshots) == set(range(len(burst)))

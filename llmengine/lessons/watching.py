@@ -3,7 +3,8 @@
 `FeedRecorder` listens to `GET /v1/engine/events` (Server-Sent Events, one JSON snapshot per
 step or per 100 ms, `llmengine.server.engine_events` describes the format) on a thread of
 its own while the lesson drives a workload, and stops once the feed has reported every
-request of that workload finished, or at a bound in snapshots or seconds. The functions
+request of that workload finished, or at a bound in snapshots or seconds (an error: the
+recording is then partial). The functions
 below turn the recorded snapshots into what the earlier lessons drew from finished runs: the
 pool over time (blocks per request, free, cached), the preemptions (who gave way for whom,
 at which step), each request's state from snapshot to snapshot, and the rates.
@@ -66,8 +67,9 @@ class FeedRecorder:
     """Record `{url}/v1/engine/events` on a thread until `expected` requests have finished.
 
     Use it as a context manager around the workload: entering waits for the first snapshot
-    (the feed sends the current state to a new listener), leaving waits for the thread. The
-    recording is bounded by `max_snapshots` and `max_seconds` whatever the server does.
+    (the feed sends the current state to a new listener), leaving waits for the thread and
+    raises unless every expected request was heard finishing. The recording is bounded by
+    `max_snapshots` and `max_seconds` whatever the server does.
     """
 
     url: str
@@ -87,10 +89,22 @@ class FeedRecorder:
         self._raise_if_failed()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        """Wait for the thread, then raise if the feed failed or stopped at a bound before
+        every request finished: a partial recording would draw a run that did not happen.
+        When the workload itself raised, return at once (the thread is a daemon, and the
+        server's shutdown ends its stream)."""
         assert self._thread is not None
+        if exc_type is not None:
+            return
         self._thread.join(self.max_seconds)
         self._raise_if_failed()
+        finished = len(finished_ids(self.snapshots))
+        if finished < self.expected:
+            raise RuntimeError(
+                f"the feed reported {finished} of {self.expected} requests finished within "
+                f"its bounds ({len(self.snapshots)} snapshots, {self.max_seconds} s)"
+            )
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
