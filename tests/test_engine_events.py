@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -197,6 +198,19 @@ def test_other_origins_are_refused_as_the_api_refuses_them(guarded: Served, path
     assert "access-control-allow-origin" not in refused.headers
     api = httpx.options(guarded.url + "/v1/models", headers=dict(refused.request.headers))
     assert api.status_code == refused.status_code  # the same answer as the API's
+
+
+def test_a_shutdown_ends_the_feed_at_once(model: llmengine.Llama, tokenizer: Any) -> None:
+    engine = llmengine.Engine(model, num_blocks=16, block_size=4, num_slots=2)
+    with served(engine, tokenizer) as server:
+        with httpx.stream("GET", server.url + FEED, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            started = time.monotonic()
+            server.app.state.drain.begin(timeout=TIMEOUT)
+            assert [line for line in lines if line] == []  # it ends, with no snapshot after
+            assert time.monotonic() - started < 5  # not the keepalive's 15 s, nor the drain's
+        assert httpx.get(server.url + FEED, timeout=TIMEOUT).status_code == 503
 
 
 def test_no_dashboard_serves_neither_route(model: llmengine.Llama, tokenizer: Any) -> None:

@@ -7,7 +7,8 @@ shutdown aborts what is in flight and joins the engine thread.
 A shutdown drains first (`Drain`, begun by the runner when SIGTERM or SIGINT arrives): new
 `/v1` requests get a JSON 503 and `/health` turns 503, the requests in flight get up to the
 shutdown timeout to finish, and those still running then end with an error (an OpenAI error
-event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body.
+event, then `[DONE]`, on a stream; a JSON 503 otherwise), never cut off mid-body. The
+dashboard's feeds, which never end by themselves, end as the drain begins.
 
 With `allowed_origins`, CORS headers let the pages of those origins call the API from a
 browser (preflights are answered before the key is checked: a browser sends none with them).
@@ -176,6 +177,7 @@ class Drain:
         if self.started:
             return
         self.started = True
+        self.engine_loop.events.close()  # the dashboard's feeds would never end by themselves
         reason = f"the server shut down before this request finished ({timeout:g} s allowed)"
         self._timer = threading.Timer(timeout, self.engine_loop.fail_all, args=(reason,))
         self._timer.daemon = True

@@ -8,7 +8,8 @@ from `fetch` (an `EventSource` cannot send headers), never in a URL.
 
 The feed is Server-Sent Events: one `data:` line per snapshot (`engine_events` describes
 the format), and a comment line every `KEEPALIVE` seconds of silence, so that a page that
-closed is noticed (and its subscription dropped) even while the engine is idle.
+closed is noticed (and its subscription dropped) even while the engine is idle. A
+shutdown's drain ends every feed at once, so that an open page never holds it up.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ async def feed(events: EngineEvents) -> AsyncIterator[str]:
             except TimeoutError:
                 yield ": keepalive\n\n"
                 continue
+            if text is None:  # the server is shutting down
+                return
             yield f"data: {text}\n\n"
     finally:
         events.unsubscribe(subscriber)

@@ -63,10 +63,11 @@ class Subscriber:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
 
-    def offer(self, text: str) -> None:
-        """Queue a snapshot on the subscriber's loop, dropping the oldest when full."""
+    def offer(self, text: str | None) -> None:
+        """Queue a snapshot (None: the end of the feed) on the subscriber's loop, dropping
+        the oldest when full."""
         if self.queue.full():
             self.queue.get_nowait()
         self.queue.put_nowait(text)
@@ -104,6 +105,11 @@ class EngineEvents:
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers = tuple(s for s in self._subscribers if s is not subscriber)
+
+    def close(self) -> None:
+        """End every subscriber's stream (the server is shutting down): an open page must
+        not hold the shutdown up. Safe from any thread."""
+        self._send(None)
 
     # -- the engine thread --------------------------------------------------------------------
 
@@ -150,8 +156,10 @@ class EngineEvents:
         now = time.monotonic()
         if now - self._last_sent < INTERVAL:
             return
-        text = json.dumps(self.snapshot(engine, now), separators=(",", ":"))
-        for subscriber in subscribers:
+        self._send(json.dumps(self.snapshot(engine, now), separators=(",", ":")))
+
+    def _send(self, text: str | None) -> None:
+        for subscriber in self._subscribers:
             # RuntimeError: that loop is closed, so nobody is listening there any more.
             with contextlib.suppress(RuntimeError):
                 subscriber.loop.call_soon_threadsafe(subscriber.offer, text)
