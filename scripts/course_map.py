@@ -48,6 +48,8 @@ PARTS = (
          "chunk long prefills, take a step's cost apart down to this machine's roofline, "
          "split a model across processes, hold a model's output to a grammar, and guess "
          "tokens ahead and check them in one forward"),
+    Part("Watching it run", 29, 29, "read a live server's event feed and draw from it, while "
+         "it runs, the pool over time, the eviction cascade and the rates"),
 )  # fmt: skip
 
 
