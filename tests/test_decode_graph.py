@@ -120,6 +120,21 @@ def test_graph_engine_generates_the_eager_tokens(tiny, graph_engine):
     assert preempted > 0  # the cramped pool preempted someone
 
 
+def test_a_pool_narrower_than_the_warm_up_rows_builds_its_graph(tiny):
+    """The graphs compile on rows of four blocks; a pool of two must still build its graph
+    (warm-up rows as wide as the pool) and give the eager tokens."""
+    pool = {"num_blocks": 2, "block_size": 4, "num_slots": 2}
+    prompts = [[5, 6, 7], [8, 9]]
+    params = llmengine.SamplingParams(max_tokens=3, ignore_eos=True)
+    patch = quick_graphs()
+    try:
+        engine = Engine(tiny, decode_graph=(2,), **pool)
+    finally:
+        patch.undo()
+    assert engine.generate(prompts, params) == Engine(tiny, **pool).generate(prompts, params)
+    assert engine.runner.graph_steps > 0
+
+
 def test_graph_runs_only_for_decode_steps_and_never_recompiles(graph_engine):
     graphs = counters["stats"]["unique_graphs"]
     prompts, params = workload(seed=1, count=2)

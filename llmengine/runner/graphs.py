@@ -116,10 +116,12 @@ class DecodeGraphs:
         return self.model.compute_logits(hidden[:, 0])
 
     def dummy_rows(self, bucket: int) -> list[PagedRow]:
-        """`bucket` decode rows of a typical context (four blocks), all in the scratch block:
-        what the graphs are compiled and timed on."""
-        context = 4 * self.cache.block_size
-        return [PagedRow([0], context - 1, [self.scratch_block] * 4) for _ in range(bucket)]
+        """`bucket` decode rows of a typical context (four blocks, or the whole pool when it
+        is smaller: a table wider than the pool has no place in the graph's inputs), all in the
+        scratch block: what the graphs are compiled and timed on."""
+        blocks = min(4, self.cache.num_blocks)
+        context = blocks * self.cache.block_size
+        return [PagedRow([0], context - 1, [self.scratch_block] * blocks) for _ in range(bucket)]
 
     def graph_for(self, num_rows: int) -> int | None:
         """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
