@@ -32,7 +32,30 @@ def test_the_template_is_read_from_the_checkpoint_in_either_form(tmp_path: Path)
     plain = checkpoint_config(tmp_path, {"chat_template": TEMPLATE})
     assert chat_template_of(plain) == TEMPLATE
     named = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": TEMPLATE}]
-    assert chat_template_of(checkpoint_config(tmp_path, {"chat_template": named})) == TEMPLATE
+    assert chat_template_of(checkpoint_config(tmp_path, {"chat_template": named})) == {
+        "tool_use": "x",
+        "default": TEMPLATE,
+    }
+
+
+def test_with_tools_the_tool_use_template_is_rendered(tokenizer: Any) -> None:
+    """Named templates render as transformers chooses: "tool_use" when the request has
+    tools and the checkpoint has one, "default" otherwise; none named default is refused."""
+    tool_use = "{{ tools | length }} tools:{% for m in messages %}{{ m.content }}{% endfor %}"
+    formatter = ChatFormatter(tokenizer, {"default": TEMPLATE, "tool_use": tool_use})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert tokenizer.decode(formatter.token_ids(MESSAGES, tools)).startswith("1 tools:")
+    assert formatter.token_ids(MESSAGES) == ChatFormatter(tokenizer, TEMPLATE).token_ids(MESSAGES)
+    with pytest.raises(ValueError, match="none named 'default'"):
+        ChatFormatter(tokenizer, {"tool_use": tool_use})
+
+
+def test_a_template_that_trips_on_a_conversation_refuses_it(tokenizer: Any) -> None:
+    """A template that iterates tools the request did not send raises a TypeError inside
+    Jinja: that is the conversation's refusal (ValueError, a 400), not a server fault."""
+    formatter = ChatFormatter(tokenizer, "{% for tool in tools %}{{ tool }}{% endfor %}")
+    with pytest.raises(ValueError, match="the chat template failed"):
+        formatter.token_ids(MESSAGES)
 
 
 def test_a_jinja_template_renders_with_the_special_tokens_and_adds_none(tokenizer: Any) -> None:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmengine.engine import Engine
-from llmengine.server.chat import ChatFormatter
+from llmengine.server.chat import ChatFormatter, ChatTemplate
 from llmengine.server.dashboard import add_dashboard
 from llmengine.server.engine_loop import EngineLoop
 from llmengine.server.errors import APIError, install_error_handlers
@@ -57,7 +57,7 @@ def create_app(
     api_key: str | None = None,
     max_waiting: int = MAX_WAITING,
     max_body_bytes: int = MAX_BODY_BYTES,
-    chat_template: str | None = None,
+    chat_template: ChatTemplate | None = None,
     allowed_origins: Sequence[str] = (),
     tool_call_parser: str | None = None,
     dashboard: bool = True,
@@ -66,13 +66,13 @@ def create_app(
 
     `max_waiting`: the most engine requests left waiting for a slot once the free ones are
     taken (each of a request's `n` samples counts); a request that would pass it gets 429.
-    `chat_template`: a Jinja chat template (see `llmengine.server.chat`); None uses the
-    plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`) whose pages
-    may call the API from a browser (CORS); none by default. `tool_call_parser`: the format
-    (`hermes`, `llama3_json`) in which tool_choice "auto" outputs are read for calls (see
-    `llmengine.server.tool_calls`); None returns them as text. `dashboard`: serve the live
-    page `/dashboard` and its feed `/v1/engine/events` (`llmengine.server.dashboard`). The
-    app owns the engine from its startup to its shutdown: nothing else may step it
+    `chat_template`: a Jinja chat template, or named ones (see `llmengine.server.chat`); None
+    uses the plain one. `allowed_origins`: the web origins (`https://example.org`, or `*`)
+    whose pages may call the API from a browser (CORS); none by default. `tool_call_parser`:
+    the format (`hermes`, `llama3_json`) in which tool_choice "auto" outputs are read for
+    calls (see `llmengine.server.tool_calls`); None returns them as text. `dashboard`: serve
+    the live page `/dashboard` and its feed `/v1/engine/events` (`llmengine.server.dashboard`).
+    The app owns the engine from its startup to its shutdown: nothing else may step it
     meanwhile. `app.state.engine_loop`, `app.state.metrics` and `app.state.drain` are there
     to inspect. An engine built without
     a tokenizer is given this one: its constrained requests need it.

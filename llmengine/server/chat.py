@@ -1,7 +1,8 @@
 """Chat messages to prompt token ids: the checkpoint's chat template, or a plain one.
 
 A checkpoint whose `tokenizer_config.json` has a `chat_template` (a Jinja template, or a
-list of named ones, of which "default" is used) is rendered with jinja2 in a sandbox, as
+list of named ones: "tool_use" for a request with tools where there is one, else "default",
+as transformers chooses) is rendered with jinja2 in a sandbox, as
 transformers' `apply_chat_template` does, with `messages`, `tools` (when the request has
 them), `add_generation_prompt` (true unless asked otherwise), `bos_token`, `eos_token` and
 the request's `chat_template_kwargs`; the rendered text already holds whatever special
@@ -41,15 +42,19 @@ from typing import Any
 
 from llmengine.model.tokenizer import read_tokenizer_config
 
+# A checkpoint's chat template: one Jinja source, or named ones (a list in its config).
+ChatTemplate = str | Mapping[str, str]
 
-def chat_template_of(folder: Path, tokenizer: Any = None) -> str | None:
-    """The chat template a checkpoint folder (or a transformers tokenizer) carries, if any."""
+
+def chat_template_of(folder: Path, tokenizer: Any = None) -> ChatTemplate | None:
+    """The chat template a checkpoint folder (or a transformers tokenizer) carries, if any:
+    its source, or its named sources by name (Hermes' "default" and "tool_use", say)."""
     template = read_tokenizer_config(folder).get("chat_template")
     if template is None:
         template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, list):
         named = {entry.get("name"): entry.get("template") for entry in template}
-        template = named.get("default")
+        return {name: source for name, source in named.items() if name and source} or None
     return template if isinstance(template, str) and template else None
 
 
@@ -92,16 +97,22 @@ def plain_prompt(
 class ChatFormatter:
     """Renders a conversation to prompt token ids with one tokenizer and template."""
 
-    def __init__(self, tokenizer: Any, template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, template: ChatTemplate | None = None) -> None:
+        """`template`: a Jinja source, named sources (a "default" one needed: with tools the
+        "tool_use" one is rendered where there is one, as transformers chooses), or None for
+        the plain template."""
         self.tokenizer = tokenizer
-        self.template_source = template
-        self._template = None
-        if template is not None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        self._templates: dict[str, Any] = {}
+        if template is None:
+            return
+        named = {"default": template} if isinstance(template, str) else dict(template)
+        if "default" not in named:
+            raise ValueError(f"the chat templates {sorted(named)} have none named 'default'")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-            environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            environment.globals["raise_exception"] = _raise_exception
-            self._template = environment.from_string(template)
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = _raise_exception
+        self._templates = {name: environment.from_string(source) for name, source in named.items()}
 
     def token_ids(
         self,
@@ -119,14 +130,15 @@ class ChatFormatter:
         ValueError when the template refuses them (its `raise_exception`) or fails, or when
         the last message to continue is not in the rendered text.
         """
-        if self._template is None:
+        if not self._templates:
             text = plain_prompt(messages, add_generation_prompt, continue_final_message)
             return list(self.tokenizer.encode(text))
         from jinja2 import TemplateError
 
+        name = "tool_use" if tools is not None and "tool_use" in self._templates else "default"
         fields = [message_fields(message) for message in messages]
         try:
-            text = self._template.render(
+            text = self._templates[name].render(
                 **(template_kwargs or {}),
                 messages=[_with_call_objects(message) for message in fields],
                 tools=None if tools is None else list(tools),
@@ -134,7 +146,9 @@ class ChatFormatter:
                 bos_token=getattr(self.tokenizer, "bos_token", None) or "",
                 eos_token=getattr(self.tokenizer, "eos_token", None) or "",
             )
-        except TemplateError as error:
+        except (TemplateError, TypeError, KeyError, IndexError, AttributeError) as error:
+            # A template is code that reads the request: what it trips on in a conversation
+            # (a missing field, tools it expected) is the conversation's refusal, a 400.
             raise ValueError(f"the chat template failed: {error}") from None
         if continue_final_message:
             text = _cut_after(text, fields[-1].get("content") or "")
