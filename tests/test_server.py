@@ -201,7 +201,12 @@ def test_stop_token_ids_end_the_choice_with_stop(
     body = {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0, "stop_token_ids": [stop]}
     choice = server.post("/v1/completions", body).json()["choices"][0]
     assert choice["finish_reason"] == "stop"
-    assert choice["text"] == tokenizer.decode(tokens[: tokens.index(stop) + 1])
+    # As in vLLM, the stop token's text is left out unless include_stop_str_in_output.
+    assert choice["text"] == tokenizer.decode(tokens[: tokens.index(stop)])
+    body["include_stop_str_in_output"] = True
+    kept = server.post("/v1/completions", body).json()["choices"][0]
+    assert kept["text"] == tokenizer.decode(tokens[: tokens.index(stop) + 1])
+    assert kept["finish_reason"] == "stop"
 
 
 def test_chat_uses_the_plain_template_and_streams_the_same_text(

@@ -96,3 +96,15 @@ def test_no_stop_string_counts_in_the_text_of_the_first_min_tokens_minus_one_tok
     # A stop string that starts in the unsearched text does not count either.
     stream = TextStream(LETTERS, TextOptions(("dc",), min_tokens=3))
     assert "".join(feed(stream, ids)) == "xdcde" and not stream.stopped
+
+
+def test_the_token_that_ends_a_choice_writes_nothing_unless_include_stop() -> None:
+    # "x" stands for an end-of-sequence or stop token id; "c" is held back for "cde".
+    stream = TextStream(LETTERS, TextOptions(("cde",), skip_special_tokens=False))
+    pieces = [stream.add(token) for token in LETTERS.ids("ab", "c")]
+    pieces += [stream.add(LETTERS.ids("x")[0], ends=True), stream.finish()]
+    assert pieces == ["ab", "", "", "c"] and stream.text == "abc"
+    kept = TextStream(LETTERS, TextOptions(("cde",), include_stop=True))
+    assert [kept.add(token) for token in LETTERS.ids("ab", "c")] == ["ab", ""]
+    assert kept.add(LETTERS.ids("x")[0], ends=True) + kept.finish() == "cx"
+    assert kept.text == "abcx"

@@ -20,6 +20,9 @@ from llmengine.server.text_stream import TextOptions, TextStream
 
 # The engine's reasons, as OpenAI spells them: an end-of-sequence token is a stop.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# The engine's reasons for a choice ended by the token itself (an end-of-sequence, a stop
+# token id): that token is scored and counted, but its text is not the choice's.
+ENDED_BY_TOKEN = ("eos", "stop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +208,7 @@ class ChoiceRun:
 def _advance(choice: _Choice, event: TokenEvent, token_text: _TokenTexts) -> Delta:
     """Feed one token to its choice; the delta it makes (possibly empty)."""
     offset = choice.offset_base + choice.text.decoded_length
-    text = choice.text.add(event.token_id)
+    text = choice.text.add(event.token_id, ends=event.finish_reason in ENDED_BY_TOKEN)
     if event.logprobs is not None:
         choice.pending.append(token_text.scored(event.logprobs, offset))
     reason = None

@@ -14,6 +14,7 @@ block_size tokens), minus the prompt.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +40,13 @@ from llmengine.server.streaming import (
     cancel_on_disconnect,
     sse_event,
 )
-from llmengine.server.tool_calls import call_reader, finish_reason_of, message_of, stream_deltas
+from llmengine.server.tool_calls import (
+    call_reader,
+    finish_reason_of,
+    message_of,
+    reads_model_syntax,
+    stream_deltas,
+)
 from llmengine.structured.constraint import Constraint
 
 RETRY_AFTER_S = 1  # what a 429 tells a client to wait: a queue moves every engine step
@@ -214,13 +221,17 @@ class Serving:
         params: list[SamplingParams],
         echo: list[str] | None = None,
         only_prompt: bool = False,
+        keep_special_tokens: bool = False,
     ) -> ChoiceRun:
-        """Add the choices to the engine; the engine's refusals become HTTP errors."""
+        """Add the choices to the engine; the engine's refusals become HTTP errors.
+        `keep_special_tokens` decodes them with special tokens whatever the request says."""
+        text = body.text_options
+        if keep_special_tokens:
+            text = dataclasses.replace(text, skip_special_tokens=False)
         try:
             return await ChoiceRun.start(
-                self.engine_loop, self.tokenizer, prompts, params, body.text_options,
-                echo, only_prompt,
-            )  # fmt: skip
+                self.engine_loop, self.tokenizer, prompts, params, text, echo, only_prompt
+            )
         except QueueFull as error:
             raise APIError(
                 429, str(error), type="rate_limit_error", code="queue_full",
@@ -293,7 +304,10 @@ class Serving:
             body, [prompt], [max_tokens], body.num_logprobs, constraint=constraint
         )
         echo = chat_echo(body)
-        run = await self.start(body, engine_prompts, params, None if echo is None else [echo])
+        # A call the model writes in its own syntax may be tagged with special tokens.
+        tagged = reads_model_syntax(body.tools, body.tool_choice, self.tool_call_parser)
+        echoes = None if echo is None else [echo]
+        run = await self.start(body, engine_prompts, params, echoes, keep_special_tokens=tagged)
         kind = "chat.completion.chunk" if body.stream else "chat.completion"
         shaper = _Shaper("chatcmpl", kind, self.served_model_name, body.request_id)
         reader = call_reader(body.tools, body.tool_choice, self.tool_call_parser)

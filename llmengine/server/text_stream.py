@@ -5,10 +5,11 @@ tokens left out unless `skip_special_tokens` is false). On top of that, a stop s
 span several tokens, so text that could still be the start of a stop string is held back
 until the next tokens show whether it is one: a stream never sends text that a later match
 would have cut off. When a stop string appears, the text ends just before it (just after it
-with `include_stop`) and the choice is done. As in vLLM, no stop string counts before
-`min_tokens` tokens exist: the text of the first `min_tokens - 1` tokens is sent as it comes
-and never searched. The streamed pieces join into exactly `text`, which is what a
-non-streamed response returns, because both are built by this class.
+with `include_stop`) and the choice is done. Likewise the token id that ended a choice (its
+end-of-sequence, a stop token id) writes nothing, unless `include_stop`. As in vLLM, no stop
+string counts before `min_tokens` tokens exist: the text of the first `min_tokens - 1`
+tokens is sent as it comes and never searched. The streamed pieces join into exactly
+`text`, which is what a non-streamed response returns, because both are built by this class.
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ class TextStream:
     def decoded_length(self) -> int:
         return len(self._decoded)
 
-    def add(self, token_id: int) -> str:
-        """Take the next generated token; return the text it makes safe to send."""
-        if self.stopped:
+    def add(self, token_id: int, *, ends: bool = False) -> str:
+        """Take the next generated token; return the text it makes safe to send. A token
+        that `ends` the choice (an end-of-sequence or stop token id) adds no text unless
+        `include_stop`, as in vLLM: a choice's text never holds the token that stopped it,
+        even with `skip_special_tokens` false."""
+        if self.stopped or (ends and not self._include_stop):
             return ""
         self._decoded += self._decoder.add(token_id)
         if self._unsearched_tokens > 0:  # before min_tokens: no stop string counts yet

@@ -6,8 +6,9 @@ Which output holds calls, and how they are read (`llmengine.server.tool_parsers`
 - tool_choice "required": the constrained output is a list of `{"name", "arguments"}`;
 - tool_choice "auto" (or tools with no tool_choice), when the server has a
   `--tool-call-parser`: the free output, read in the model's own format (`hermes`,
-  `llama3_json`); an output with no call in it is plain content. Without a parser, and
-  under "none", the output is content as it is.
+  `llama3_json`); an output with no call in it is plain content. Its text keeps special
+  tokens (`reads_model_syntax`), since a tag may be one. Without a parser, and under
+  "none", the output is content as it is.
 
 A finished choice whose calls were all written whole has `message.tool_calls` (each call's
 `arguments` the JSON text the model wrote), the text outside them as `content` (null when
@@ -56,9 +57,17 @@ def call_reader(
         return lambda: NamedArguments(name)
     if tool_choice == "required":
         return RequiredCalls
-    if tool_choice in (None, "auto") and parser_name is not None:
-        return TOOL_CALL_PARSERS[parser_name]
+    if reads_model_syntax(tools, tool_choice, parser_name):
+        return TOOL_CALL_PARSERS[parser_name]  # type: ignore[index]  # not None: checked
     return None
+
+
+def reads_model_syntax(tools: list[Any] | None, tool_choice: Any, parser_name: str | None) -> bool:
+    """Whether a choice's calls are read from the model's own syntax (tools, tool_choice
+    "auto" or none given, and a parser). Such a choice is decoded with its special tokens
+    kept, as vLLM's Hermes parser asks: a checkpoint may mark its tags (`<tool_call>`,
+    `<|python_tag|>`) special, and a tag left out of the text is a call the parser misses."""
+    return tools is not None and tool_choice in (None, "auto") and parser_name is not None
 
 
 def _call_id() -> str:
