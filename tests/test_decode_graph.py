@@ -15,8 +15,8 @@ from torch._dynamo.utils import counters
 
 import llmengine
 import llmengine.runner.graphs as graphs_module
-import llmengine.runner.model_runner as runner_module
 import llmengine.runner.paged_flex as paged_flex
+import llmengine.runner.prepare as prepare_module
 from llmengine.bench.decode_step import random_llama
 from llmengine.engine import Engine
 from llmengine.model.config import LlamaConfig
@@ -153,14 +153,14 @@ def test_a_row_whose_inputs_fail_leaves_the_graph_step_to_the_others(
     prompts, params = workload(seed=2, count=4)
     eager, _, _ = run(Engine(tiny, **POOL), prompts, params)
     ids = graph_engine.add_requests(prompts, params)
-    real = runner_module.paged_row
+    real = prepare_module.paged_row
 
     def paged_row(row):  # request ids[2] at its second token, a decode of all four
         if row.request.request_id == ids[2] and row.request.num_output_tokens == 1:
             raise RuntimeError("poisoned")
         return real(row)
 
-    monkeypatch.setattr(runner_module, "paged_row", paged_row)
+    monkeypatch.setattr(prepare_module, "paged_row", paged_row)
     failed = {}
     while graph_engine.has_unfinished():
         outcome = graph_engine.step()

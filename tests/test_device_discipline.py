@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 import llmengine
 from llmengine.runner.attention import GatheredAttention
-from llmengine.runner.model_runner import paged_row
+from llmengine.runner.prepare import paged_row
 from llmengine.sampling import SamplingParams, make_generator, sample_tokens
 
 FACTORIES = {

@@ -186,7 +186,7 @@ def test_the_scheduler_side_knows_no_tensors() -> None:
         "kv.blocks", "kv.prefix_cache", "params", "outcome", "engine_config",
         "scheduling.request", "scheduling.scheduler", "scheduling.decision",
         "scheduling.policy", "scheduling.block_manager", "scheduling.swap_space",
-        "scheduling.rules",
+        "scheduling.rules", "scheduling.preemption", "scheduling.step_bookkeeping",
         "structured.constraint",
     }  # fmt: skip
     for name in integer_side:

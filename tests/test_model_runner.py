@@ -8,8 +8,9 @@ import torch
 
 import llmengine
 from llmengine.engine_config import EngineConfig
+from llmengine.outcome import EAGER
 from llmengine.runner import ModelRunner, StepResult
-from llmengine.runner.model_runner import EAGER, ForwardPlan, Inputs
+from llmengine.runner.prepare import ForwardPlan, Inputs
 from llmengine.scheduling.request import Request
 from llmengine.scheduling.scheduler import Scheduler
 

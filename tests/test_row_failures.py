@@ -19,7 +19,7 @@ from test_step_failures import step_to_the_end
 
 import llmengine
 import llmengine.prompt_logprobs as prompt_logprobs_module
-import llmengine.runner.model_runner as runner_module
+import llmengine.runner.prepare as prepare_module
 import llmengine.speculative.speculator as speculator_module
 from llmengine.engine import Engine
 from llmengine.runner.attention import PagedRow
@@ -53,7 +53,7 @@ def poison(
 ) -> None:
     """The runner's per-row preparation (`paged_row`) fails for the rows `doomed` picks: it
     raises, or returns `broken(row)`, inputs that cannot be packed."""
-    real = runner_module.paged_row
+    real = prepare_module.paged_row
 
     def paged_row(row: ScheduledRow) -> PagedRow:
         if not doomed(row):
@@ -62,7 +62,7 @@ def poison(
             raise RuntimeError("poisoned")
         return broken(row)
 
-    monkeypatch.setattr(runner_module, "paged_row", paged_row)
+    monkeypatch.setattr(prepare_module, "paged_row", paged_row)
 
 
 def run_poisoned(engine: Engine, ids: list[int]) -> tuple[list[list[int]], dict[int, str]]:

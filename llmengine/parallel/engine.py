@@ -35,7 +35,8 @@ from llmengine.model.loader import model_folder
 from llmengine.model.sharding import Shard, check_divisible
 from llmengine.parallel.cluster import Cluster
 from llmengine.runner.loading import load_model
-from llmengine.runner.model_runner import ForwardPlan, Inputs, ModelRunner
+from llmengine.runner.model_runner import ModelRunner
+from llmengine.runner.prepare import ForwardPlan, Inputs
 
 TIMEOUT_S = 60.0  # the longest a collective may wait for a rank before the engine raises
 JOIN_TIMEOUT_S = 10.0  # how long `close` waits for a worker to exit before killing it

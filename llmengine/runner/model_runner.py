@@ -8,7 +8,7 @@ the sampler. `run(decision)` does, in order:
 1. let go of the requests the decision says are done, take up the ones it meets first;
 2. the draft model's guesses, in the places the scheduler left for them;
 3. the forward's inputs, prepared from every row (token ids, positions, write slots, block
-   tables) before anything runs;
+   tables) before anything runs (`StepPreparer`, in `llmengine.runner.prepare`);
 4. the decision's swaps (every copy out, then every copy in), then the forward: a decode
    graph when every row decodes one token and a bucket holds them (on CUDA a captured CUDA
    graph over persistent input buffers, on a CPU a compiled forward), else the eager forward
@@ -34,72 +34,29 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from llmengine.engine_config import EngineConfig
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
-from llmengine.outcome import (
-    DECODE_GRAPH,
-    EAGER,
-    EAGER_DRAFTS,
-    EAGER_NO_BUCKET,
-    EAGER_PREFILL,
-    StepResult,
-)
-from llmengine.prompt_logprobs import LogitsPlan
+from llmengine.outcome import StepResult
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.cuda_graphs import StaticDecodeGraphs
 from llmengine.runner.draft import DraftModel, load_draft
-from llmengine.runner.forward import PackedInputs, packed_inputs, paged_forward
+from llmengine.runner.forward import paged_forward
 from llmengine.runner.graphs import DecodeGraphs, buckets_for
-from llmengine.runner.paged_flex import DecodeInputs
+from llmengine.runner.prepare import ForwardPlan, Inputs, StepPreparer
 from llmengine.runner.sampler import Sampler
 from llmengine.runner.startup import drop_slower_graphs, graph_report
-from llmengine.runner.step_buffers import StepBuffers
-from llmengine.scheduling.decision import (
-    ScheduledRow,
-    SchedulerOutput,
-    packed_starts,
-    readers_of_left_out,
-)
-from llmengine.speculative.verify import draft_logits_at
+from llmengine.scheduling.decision import SchedulerOutput
 from llmengine.speed.compiled import CompiledLayers
 from llmengine.structured.grammar import GrammarCompiler
 
 NO_LOGITS = torch.empty(0)  # the draft logits of a step without drafts
 
-# A plan's inputs: the eager forward's, the compiled graph's, or the captured graph's buffers.
-Inputs = PackedInputs | DecodeInputs | StepBuffers
-
 logger = logging.getLogger("llmengine.runner")
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardPlan:
-    """One forward, as every rank runs it: the rows, the swaps before it, the decode graph's
-    bucket (None: eager), and the packed positions whose logits are wanted (None: each
-    row's last)."""
-
-    rows: list[PagedRow]
-    blocks_to_swap_out: list[tuple[int, int]]
-    blocks_to_swap_in: list[tuple[int, int]]
-    bucket: int | None = None
-    logits_at: list[int] | None = None
-    path: str = EAGER
-
-
-class Prepared(NamedTuple):
-    """A step's forward, ready to run: its plan, its inputs (None: no row to compute), the
-    prompt logprobs' share of its logits and how many of them check drafts (the last)."""
-
-    plan: ForwardPlan
-    inputs: Inputs | None
-    logits_plan: LogitsPlan | None
-    num_drafts: int
 
 
 class ModelRunner:
@@ -138,6 +95,7 @@ class ModelRunner:
         if leader and config.speculative not in (None, "ngram"):
             self.drafter = load_draft(config.speculative, model, self.cache)
         self.sampler = Sampler(model.config, tokenizer, self.device)
+        self.preparer = StepPreparer(self.cache, self.graphs, self.sampler.prompt_logprobs)
 
     def _build_graphs(self, config: EngineConfig, measure: bool) -> None:
         """One graph per bucket (`decode_graphs_class`). With `decode_graph=True` the
@@ -186,10 +144,10 @@ class ModelRunner:
         """Carry out `decision` (see the module's docstring) and return what came of it.
 
         A fault traced to one row fails that row's request alone: taking its state up,
-        preparing its inputs (`_rows_that_prepare`), whose row the forward then leaves out
-        (`StepResult.left_out`), scoring its prompt or sampling; a draft proposal that
-        raises costs its row the drafts only (`DraftModel.propose`). Only the forward's own
-        faults, of no known owner, raise."""
+        preparing its inputs (`StepPreparer.rows_that_prepare`), whose row the forward then
+        leaves out (`StepResult.left_out`), scoring its prompt or sampling; a draft proposal
+        that raises costs its row the drafts only (`DraftModel.propose`). Only the forward's
+        own faults, of no known owner, raise."""
         for request_id in decision.finished_request_ids:
             self.sampler.forget(request_id)
             if self.drafter is not None:
@@ -207,10 +165,10 @@ class ModelRunner:
             self.drafter.propose(decision.rows, self.sampler.generators)
         rows, left_out = decision.rows, []
         try:
-            prepared = self._prepare(rows, decision)
+            prepared = self.preparer.prepare(rows, decision)
         except Exception:  # some row's data, or none's: preparing them one by one tells which
-            rows, left_out = self._rows_that_prepare(decision, failed)
-            prepared = self._prepare(rows, decision)
+            rows, left_out = self.preparer.rows_that_prepare(decision, failed)
+            prepared = self.preparer.prepare(rows, decision)
         plan, inputs, logits_plan, num_drafts = prepared
         started = time.perf_counter()
         own = self.execute(plan, inputs)
@@ -228,76 +186,6 @@ class ModelRunner:
         result.forward_seconds = time.perf_counter() - started
         result.left_out = left_out
         return result
-
-    def _prepare(self, rows: list[ScheduledRow], decision: SchedulerOutput) -> Prepared:
-        """The forward's plan for `rows`, and its inputs (`packed_inputs` or the decode
-        graph's), built before anything runs: a fault here is one of the rows' data."""
-        plan, logits_plan, num_drafts = self._plan(rows, decision)
-        if not plan.rows:
-            return Prepared(plan, None, logits_plan, num_drafts)
-        if plan.bucket is not None:
-            assert self.graphs is not None
-            inputs = self.graphs.inputs_for(plan.rows, plan.bucket)
-            return Prepared(plan, inputs, logits_plan, num_drafts)
-        return Prepared(plan, packed_inputs(self.cache, plan.rows), logits_plan, num_drafts)
-
-    def _rows_that_prepare(
-        self, decision: SchedulerOutput, failed: dict[int, str]
-    ) -> tuple[list[ScheduledRow], list[int]]:
-        """The rows whose inputs prepare, each prepared alone, and the requests the forward
-        leaves out: those whose row raises (failed with why), and those whose row would read
-        K/V a left-out row was to write, a prefix-cache hit in the same decision (failed
-        too: their K/V would be garbage)."""
-        left_out: dict[int, str] = {}
-        for row in decision.rows:
-            try:
-                self._prepare([row], decision)
-            except Exception as error:
-                left_out[row.request.request_id] = f"preparing its inputs failed: {error}"
-        readers = readers_of_left_out(decision, left_out, self.cache.block_size)
-        for request_id, owner in readers.items():
-            left_out[request_id] = (
-                f"its cached prefix was to be computed by request {owner}, whose inputs failed"
-            )
-        for request_id, reason in left_out.items():
-            failed.setdefault(request_id, reason)
-        rows = [row for row in decision.rows if row.request.request_id not in left_out]
-        return rows, list(left_out)
-
-    def _plan(
-        self, scheduled: list[ScheduledRow], decision: SchedulerOutput
-    ) -> tuple[ForwardPlan, LogitsPlan | None, int]:
-        """The forward's plan for the `scheduled` rows of `decision` (its swaps), the prompt
-        logprobs' share of its logits (None: no row owes any) and how many of its logits
-        check drafts (the last ones)."""
-        rows = [paged_row(row) for row in scheduled]
-        swaps = (decision.blocks_to_swap_out, decision.blocks_to_swap_in)
-        if not rows:
-            return ForwardPlan(rows, *swaps), None, 0
-        bucket, path = self._route(scheduled)
-        if bucket is not None:
-            return ForwardPlan(rows, *swaps, bucket=bucket, path=path), None, 0
-        logits_plan = self.sampler.prompt_logprobs.plan(scheduled)
-        drafts_at = draft_logits_at(scheduled)
-        if logits_plan is None and not drafts_at:
-            return ForwardPlan(rows, *swaps, path=path), None, 0
-        last_positions = [end - 1 for end in packed_starts(scheduled)[1:]]
-        logits_at = last_positions if logits_plan is None else logits_plan.logits_at
-        plan = ForwardPlan(rows, *swaps, logits_at=logits_at + drafts_at, path=path)
-        return plan, logits_plan, len(drafts_at)
-
-    def _route(self, rows: list[ScheduledRow]) -> tuple[int | None, str]:
-        """The decode graph's bucket for these rows and `DECODE_GRAPH`, or None and why the
-        step runs eager: no graphs, a prefill or chunk among the rows, a row with drafts, or
-        no kept bucket that holds them all."""
-        if self.graphs is None:
-            return None, EAGER
-        if any(row.is_prefill for row in rows):
-            return None, EAGER_PREFILL
-        if any(row.num_positions != 1 for row in rows):
-            return None, EAGER_DRAFTS
-        bucket = self.graphs.graph_for(len(rows))
-        return bucket, DECODE_GRAPH if bucket is not None else EAGER_NO_BUCKET
 
     def execute(self, plan: ForwardPlan, inputs: Inputs | None = None) -> torch.Tensor:
         """Run one plan on this rank: swaps, then the forward; the logits it asks for.
@@ -328,8 +216,3 @@ def paged_cache_for(model: Llama, config: EngineConfig) -> PagedKVCache:
         device=parameter.device,
         swap_blocks=config.swap_blocks,
     )
-
-
-def paged_row(row: ScheduledRow) -> PagedRow:
-    """A scheduled row as the paged forward takes it: new tokens, where they start, its blocks."""
-    return PagedRow(row.token_ids, row.start_position, row.request.block_table.block_ids)

@@ -18,34 +18,36 @@ request's last token samples nothing. A running request's drafted tokens (specul
 decoding) ride on its decode row and need blocks like any position; they are cut to what its
 `max_tokens` and the budget leave (never below one decode position per slot). Each part it
 leans on holds one idea: `EngineConfig`, `policy`, `BlockManager` (with or without prefix
-caching) and `SwapSpace`.
+caching) and `SwapSpace`; so does each part of the class itself: this module decides the
+step, `preemption` evicts (by swap or recompute) and `step_bookkeeping` records what the step
+did (`update`, `forward_failed`) and checks the invariants (`check_integrity`).
 """
 
 from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from collections.abc import Collection, Mapping
 from typing import Any
 
 from llmengine.engine_config import EngineConfig
 from llmengine.kv.blocks import BlockPool, blocks_for_length
 from llmengine.kv.prefix_cache import CachingBlockPool
 from llmengine.scheduling.block_manager import BlockManager, CachingBlockManager
-from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput, offered_blocks_of
+from llmengine.scheduling.decision import ScheduledRow, SchedulerOutput
 from llmengine.scheduling.policy import ALLOCATION_POLICIES
 from llmengine.scheduling.request import Request, RequestState
-from llmengine.scheduling.rules import SchedulingRules
+from llmengine.scheduling.step_bookkeeping import StepBookkeeping
 from llmengine.scheduling.swap_space import SwapSpace
 
 
-class Scheduler(SchedulingRules):
+class Scheduler(StepBookkeeping):
     """Requests, a block pool and `num_slots` slots, under one `EngineConfig`.
 
     Built from a config, or from its fields as keywords (`Scheduler(num_blocks=8,
     block_size=4, num_slots=2)`). Three rules are methods a subclass may override to teach
     an alternative (`SchedulingRules`): `select_victim`, `prefill_row` and
-    `free_blocks_to_keep`.
+    `free_blocks_to_keep`. Evicting is `Preemption`'s, what a step's tokens change
+    `StepBookkeeping`'s (each in its own module).
     """
 
     def __init__(self, config: EngineConfig | None = None, /, **options: Any) -> None:
@@ -231,121 +233,3 @@ class Scheduler(SchedulingRules):
         request.move_to(state)
         request.slot = self.free_slots.popleft()
         insort(self.running, request, key=lambda running: running.arrival)
-
-    # -- preemption --------------------------------------------------------------------
-
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
-        """Preempt by swap when the swap space holds the victim's blocks, else by recompute.
-
-        A victim part way through its prefill is always recomputed: a swapped request comes
-        back as a decode row, which needs K/V for all its positions but the last.
-        """
-        if not self.policy.preempts:
-            raise AssertionError("the reserve policy never runs short, so never preempts")
-        out.preempted.append(victim)
-        victim.draft_token_ids.clear()
-        num_blocks = len(victim.block_table.block_ids)
-        if not victim.prefilling and self.swap.can_hold(num_blocks):
-            out.blocks_to_swap_out.extend(self._swap_out(victim))
-            out.swapped_out.append(victim)
-        else:
-            self._preempt_by_recompute(victim)
-        victim.num_preemptions += 1
-
-    def _preempt_by_recompute(self, request: Request) -> None:
-        """K/V thrown away, blocks and slot back, tokens kept, head of the waiting queue."""
-        request.discard_kv()
-        self._release(request)
-        request.move_to(RequestState.WAITING)
-        self.waiting.appendleft(request)
-
-    def _swap_out(self, request: Request) -> list[tuple[int, int]]:
-        """K/V to host blocks, slot back, tokens kept, tail of the swap queue; returns the
-        (device block, host block) copies to make before the forward."""
-        self.running.remove(request)
-        self._free_slot(request)
-        copies = self.swap.swap_out(request, self.blocks.detach(request))
-        request.move_to(RequestState.SWAPPED)
-        request.num_swaps += 1
-        return copies
-
-    def _release(self, request: Request) -> None:
-        """A running request leaves: its blocks and its slot go back."""
-        self.running.remove(request)
-        self._free_slot(request)
-        self.blocks.free(request)
-
-    def _free_slot(self, request: Request) -> None:
-        self.free_slots.append(request.slot)
-        request.slot = None
-
-    # -- after the forward -------------------------------------------------------------
-
-    def update(
-        self,
-        out: SchedulerOutput,
-        tokens: Mapping[int, int | list[int]],
-    ) -> list[Request]:
-        """Record each row's sampled tokens; release and return the requests it finished.
-
-        A row that `samples` gets its token from `tokens` (a list when speculation kept
-        drafts: the kept drafts, then the model's own token), appended one by one until one
-        finishes the request; a chunk that does not, or a row without a token (its sampling
-        failed: the engine aborts it next), only advances its request's table. A draft's
-        position counts as written only if the draft was kept: the next forward overwrites
-        the others before anything reads them, and a block that only rejected drafts reached
-        goes back to the pool. Finished requests give their blocks back in row order.
-        """
-        finished = []
-        for row in out.rows:
-            request = row.request
-            new = tokens.get(request.request_id) if row.samples else None
-            kept = [] if new is None else [new] if isinstance(new, int) else list(new)
-            kept_drafts = max(len(kept) - 1, 0)
-            request.block_table.append(row.num_positions - len(row.draft_token_ids) + kept_drafts)
-            if row.draft_token_ids and not self.policy.books_ahead:
-                self.blocks.trim(request)
-            request.draft_token_ids.clear()
-            for token in kept:
-                reason = request.append_token(token)
-                if reason is not None:
-                    request.finish_reason = reason
-                    request.move_to(RequestState.FINISHED)
-                    self._release(request)
-                    finished.append(request)
-                    self._done_since_last.append(request.request_id)
-                    break
-        return finished
-
-    def forward_failed(self, out: SchedulerOutput, left_out: Collection[int] | None = None) -> None:
-        """The forward that carried `out` out raised (`left_out` None), or ran without the
-        rows of the requests in `left_out` (their inputs could not be prepared): the blocks
-        it offered to the prefix cache and never filled hold no K/V of theirs, and no later
-        request may find them. Left-out rows leave `out`, so `update` moves none of their
-        positions; the engine aborts their requests, which gives their blocks back."""
-        if left_out is None:
-            self.blocks.uncache(out.cached_blocks)
-            return
-        dropped = [row for row in out.rows if row.request.request_id in left_out]
-        unwritten = [b for row in dropped for b in offered_blocks_of(out, row, self.block_size)]
-        self.blocks.uncache(unwritten)
-        out.rows = [row for row in out.rows if row.request.request_id not in left_out]
-        out.cached_blocks = [block for block in out.cached_blocks if block not in unwritten]
-
-    # -- integrity ---------------------------------------------------------------------
-
-    def check_integrity(self) -> None:
-        """Free plus held equals each pool, no block held twice, every slot accounted for,
-        one prefill in progress at most, seniority kept. Cheap enough for every step."""
-        self.blocks.check_integrity(self.running)
-        self.swap.check_integrity(self.block_size)
-        slots = [r.slot for r in self.running] + list(self.free_slots)
-        if sorted(slots) != list(range(self.num_slots)):
-            raise AssertionError(f"slots unaccounted for: running+free = {sorted(slots)}")
-        if sum(request.prefilling for request in self.running) > 1:
-            raise AssertionError("more than one request part way through its prefill")
-        for request in (*self.running, *self.waiting):
-            request.check_integrity()
-        arrivals = [r.arrival for r in self.running]
-        if arrivals != sorted(arrivals):
-            raise AssertionError("running requests are not in seniority order")
