@@ -22,6 +22,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ from llmengine.runner.prepare import ForwardPlan, Inputs
 
 TIMEOUT_S = 60.0  # the longest a collective may wait for a rank before the engine raises
 JOIN_TIMEOUT_S = 10.0  # how long `close` waits for a worker to exit before killing it
+START_TIMEOUT_S = 300.0  # how long the ranks may take to meet at start-up
 
 
 def add_all_reduces(model: Llama) -> None:
@@ -221,9 +223,21 @@ def _start_workers(
 
 
 def _join_group(shard: Shard, init_method: str, timeout_s: float) -> None:
+    """Meet the other ranks at `init_method` (`tcp://host:port`), waiting up to
+    `START_TIMEOUT_S` for them to arrive, then form the group whose collectives raise after
+    `timeout_s`. The two waits differ on purpose: spawning a rank and importing torch can take
+    seconds on a loaded machine (or a node starts later), which is no sign of a hung rank."""
+    address = urlsplit(init_method)
+    store = dist.TCPStore(
+        address.hostname or "127.0.0.1",
+        address.port or 0,
+        shard.world,
+        is_master=shard.rank == 0,
+        timeout=timedelta(seconds=max(START_TIMEOUT_S, timeout_s)),
+    )
     dist.init_process_group(
         "gloo",
-        init_method=init_method,
+        store=store,
         rank=shard.rank,
         world_size=shard.world,
         timeout=timedelta(seconds=timeout_s),
