@@ -26,6 +26,7 @@ from llmengine.kv.blocks import blocks_for_length
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
+from llmengine.runner.graphs import BucketGraphs
 from llmengine.runner.static_decode import static_decode_step
 from llmengine.runner.step_buffers import StepBuffers
 
@@ -50,13 +51,14 @@ def capture(step: Step, pool: object) -> tuple[Step, torch.Tensor]:
     return replay, logits
 
 
-class StaticDecodeGraphs:
+class StaticDecodeGraphs(BucketGraphs):
     """The decode step for each of `buckets`, over persistent buffers, captured as a CUDA
     graph when `capture` (the default on CUDA), else run eagerly.
 
     The interface is `DecodeGraphs`'s: `graph_for(n)`, `inputs_for(rows, bucket)`,
     `graphs(rows, bucket, inputs)`, `drop(bucket)`, `dummy_rows(bucket)`. Each row reads
-    `width` blocks (default: as many as the model's longest sequence or the pool allows).
+    `width` blocks, its `table_width` (default: as many as the model's longest sequence or
+    the pool allows).
     `warmup_seconds`, `capture_seconds` and `failures` are what start-up measured.
     """
 
@@ -72,11 +74,13 @@ class StaticDecodeGraphs:
     ) -> None:
         self.model, self.cache, self.scratch_block = model, cache, scratch_block
         longest = blocks_for_length(model.config.max_position_embeddings, cache.block_size)
-        self.width = min(scratch_block, longest) if width is None else width
+        self.table_width = min(scratch_block, longest) if width is None else width
         self.capture = cache.device.type == "cuda" if capture is None else capture
         dtype = cache.keys[0].dtype  # the attention's, whatever the weights are stored in
         self.buffers = {
-            bucket: StepBuffers(bucket, self.width, cache.block_size, scratch_block, cache.device)
+            bucket: StepBuffers(
+                bucket, self.table_width, cache.block_size, scratch_block, cache.device
+            )
             for bucket in buckets
         }
         self._steps: dict[int, Step] = {
@@ -134,21 +138,6 @@ class StaticDecodeGraphs:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-
-    def dummy_rows(self, bucket: int) -> list[PagedRow]:
-        """`bucket` decode rows of a four-block context (or `width`'s, if fewer), all in the
-        scratch block."""
-        blocks = min(4, self.width)
-        context = blocks * self.cache.block_size
-        return [PagedRow([0], context - 1, [self.scratch_block] * blocks) for _ in range(bucket)]
-
-    def graph_for(self, num_rows: int) -> int | None:
-        """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
-        return next((bucket for bucket in self.buckets if bucket >= num_rows), None)
-
-    def drop(self, bucket: int) -> None:
-        """Stop using `bucket`: its decodes go to a larger bucket, or run eager."""
-        self.buckets.remove(bucket)
 
     def inputs_for(self, rows: Sequence[PagedRow], bucket: int) -> StepBuffers:
         """Stage decode `rows` padded to `bucket` in its buffers' host side (ValueError for a

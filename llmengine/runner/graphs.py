@@ -54,7 +54,34 @@ def buckets_for(num_slots: int, buckets: Sequence[int] = BUCKETS) -> list[int]:
     return chosen + [next((b for b in buckets if b >= num_slots), num_slots)]
 
 
-class DecodeGraphs:
+class BucketGraphs:
+    """What every kind of decode graph shares: the batch buckets it keeps, the one a decode
+    of n rows takes, and the rows it is warmed up on. `table_width` is how many blocks a
+    row's table holds in the graph's inputs."""
+
+    buckets: list[int]
+    cache: PagedKVCache
+    scratch_block: int
+    table_width: int
+
+    def dummy_rows(self, bucket: int) -> list[PagedRow]:
+        """`bucket` decode rows of a typical context (four blocks, or `table_width` when that
+        is fewer: a wider table has no place in the graph's inputs), all in the scratch
+        block: what the graphs are compiled, warmed up and timed on."""
+        blocks = min(4, self.table_width)
+        context = blocks * self.cache.block_size
+        return [PagedRow([0], context - 1, [self.scratch_block] * blocks) for _ in range(bucket)]
+
+    def graph_for(self, num_rows: int) -> int | None:
+        """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
+        return next((bucket for bucket in self.buckets if bucket >= num_rows), None)
+
+    def drop(self, bucket: int) -> None:
+        """Stop using `bucket`'s graph: its decodes go to a larger bucket, or run eager."""
+        self.buckets.remove(bucket)
+
+
+class DecodeGraphs(BucketGraphs):
     """The decode forward compiled for each of `buckets`, each compiled when built.
 
     `graph_for(n)` is the bucket (or None: run eager) for a decode of n rows; `drop(bucket)`
@@ -79,6 +106,7 @@ class DecodeGraphs:
         self.model = model
         self.cache = cache
         self.scratch_block = scratch_block
+        self.table_width = cache.num_blocks  # every row's table padded to the whole pool
         self.keys = [k.flatten(0, 1) for k in cache.keys]
         self.values = [v.flatten(0, 1) for v in cache.values]
         if options is None:
@@ -114,22 +142,6 @@ class DecodeGraphs:
         attention = FlexPagedAttention(keys, values, write_indices, block_mask)
         hidden = self.model.forward_hidden(token_ids[:, None], positions[:, None], attention)
         return self.model.compute_logits(hidden[:, 0])
-
-    def dummy_rows(self, bucket: int) -> list[PagedRow]:
-        """`bucket` decode rows of a typical context (four blocks, or the whole pool when it
-        is smaller: a table wider than the pool has no place in the graph's inputs), all in the
-        scratch block: what the graphs are compiled and timed on."""
-        blocks = min(4, self.cache.num_blocks)
-        context = blocks * self.cache.block_size
-        return [PagedRow([0], context - 1, [self.scratch_block] * blocks) for _ in range(bucket)]
-
-    def graph_for(self, num_rows: int) -> int | None:
-        """The smallest kept bucket that holds `num_rows` decode rows, or None (run eager)."""
-        return next((bucket for bucket in self.buckets if bucket >= num_rows), None)
-
-    def drop(self, bucket: int) -> None:
-        """Stop using `bucket`'s graph: its decodes go to a larger bucket, or run eager."""
-        self.buckets.remove(bucket)
 
     def inputs_for(self, rows: Sequence[PagedRow], bucket: int) -> DecodeInputs:
         """The graph's inputs for decode `rows` padded to `bucket` (`decode_inputs`)."""
