@@ -180,6 +180,11 @@ class IterationOutcome:
         return [] if added is None else [added] if isinstance(added, int) else list(added)
 
     @property
+    def num_new_tokens(self) -> int:
+        """Tokens this step added, over every request."""
+        return sum(len(self.new_tokens(request_id)) for request_id in self.tokens)
+
+    @property
     def num_draft_tokens(self) -> int:
         """Drafted tokens this step's forward checked."""
         return sum(proposed for proposed, _ in self.drafts.values())

@@ -160,6 +160,8 @@ class Sampler:
         """Whether `token` would finish a constrained request (a stop or end token, not the
         budget) while its grammar is still incomplete: a 'stop' that would carry output
         outside its constraint."""
+        if request.params.constraint is None:  # the common row: nothing to check
+            return False
         finish = request.finish_reason_after(request.num_output_tokens + 1, token)
         return finish in ("stop", "eos") and not self.grammars.is_complete(request.request_id)
 

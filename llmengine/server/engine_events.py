@@ -121,7 +121,7 @@ class EngineEvents:
         self._steps += 1
         self._step_seconds += seconds
         self._forward_seconds += outcome.forward_seconds
-        self._tokens += sum(len(outcome.new_tokens(request_id)) for request_id in outcome.tokens)
+        self._tokens += outcome.num_new_tokens
         step, swapped = outcome.iteration, set(outcome.swapped_out)
         for victim in outcome.evicted:
             mode = "swap" if victim in swapped else "recompute"

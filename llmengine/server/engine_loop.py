@@ -330,9 +330,7 @@ class EngineLoop:
     def _deliver(self, outcome: IterationOutcome) -> None:
         now = time.perf_counter()
         self.metrics.preemptions.inc(len(outcome.evicted))
-        self.metrics.generation_tokens.inc(
-            sum(len(outcome.new_tokens(request_id)) for request_id in outcome.tokens)
-        )
+        self.metrics.generation_tokens.inc(outcome.num_new_tokens)
         self.metrics.spec_decode_draft_tokens.inc(outcome.num_draft_tokens)
         self.metrics.spec_decode_accepted_tokens.inc(outcome.num_accepted_tokens)
         self.metrics.forward_tokens.inc(outcome.forward_tokens)
