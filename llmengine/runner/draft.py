@@ -25,6 +25,7 @@ from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.forward import paged_forward
 from llmengine.runner.loading import load_model
+from llmengine.runner.sampler import together_or_alone
 from llmengine.sampling import apply_logit_bias, dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow
 
@@ -65,24 +66,18 @@ class DraftModel:
         failed leaves the draft without some of its K/V: later guesses for it are kept less
         often, never wrong.)"""
         seeded = [generators.get(row.request.request_id) for row in rows]
-        states = [None if g is None else g.get_state() for g in seeded]
-        try:
-            self._propose(rows, generators)
-            return
-        except Exception:
-            pass  # a fault of some row, or of none: proposing them one by one tells which
-        probs: dict[int, torch.Tensor] = {}
-        for row, generator, state in zip(rows, seeded, states, strict=True):
-            if generator is not None:
-                generator.set_state(state)
-            try:
-                self._propose([row], generators)
-                probs.update(self.probs)
-            except Exception:
-                if generator is not None:
-                    generator.set_state(state)
-                row.drop_drafts()
-        self.probs = probs
+        probs: dict[int, torch.Tensor] = {}  # the rows' draft distributions, when each went alone
+        went_alone: list[int] = []
+
+        def alone(index: int) -> None:
+            went_alone.append(index)
+            self._propose([rows[index]], generators)
+            probs.update(self.probs)
+
+        for index in together_or_alone(seeded, lambda: self._propose(rows, generators), alone):
+            rows[index].drop_drafts()
+        if went_alone:
+            self.probs = probs
 
     def _propose(self, rows: list[ScheduledRow], generators: Generators) -> None:
         """`propose`'s work for `rows` together, raising whatever any of them raises."""

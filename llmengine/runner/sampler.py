@@ -18,7 +18,7 @@ lets go when the request is done.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,35 @@ from llmengine.structured.matchers import RequestGrammars
 
 NOT_FINITE = "the model's logits were not finite"
 NO_TOKEN_ALLOWED = "the grammar allows no token here"
+
+
+def together_or_alone(
+    generators: Sequence[torch.Generator | None],
+    together: Callable[[], None],
+    alone: Callable[[int], None],
+) -> dict[int, Exception]:
+    """Run `together()`, the work of every row at once (row i drawing from `generators[i]`);
+    if it raises, run `alone(i)` for each row instead, each seeded generator put back where it
+    stood first (and again if its row raises), so every other row draws exactly what it would
+    have drawn. Returns the rows whose lone run raised, with the error: none when the rows
+    went together. How a step tells whose fault a fault is."""
+    states = [None if generator is None else generator.get_state() for generator in generators]
+    try:
+        together()
+        return {}
+    except Exception:
+        pass  # a fault of some row, or of none: running them one by one tells which
+    failures: dict[int, Exception] = {}
+    for row, (generator, state) in enumerate(zip(generators, states, strict=True)):
+        if generator is not None:
+            generator.set_state(state)
+        try:
+            alone(row)
+        except Exception as error:
+            if generator is not None:
+                generator.set_state(state)
+            failures[row] = error
+    return failures
 
 
 class Sampler:
@@ -176,24 +205,22 @@ class Sampler:
         generators = [self.generators[request.request_id] for request in requests]
         histories = [(request.token_ids, len(request.prompt_token_ids)) for request in requests]
         eos_token_ids = [request.eos_token_ids for request in requests]
-        states = [None if g is None else g.get_state() for g in generators]
-        try:
-            return draw_tokens(logits, params, generators, histories, eos_token_ids)
-        except Exception:
-            pass  # a fault of some row, or of none: drawing them one by one tells which
-        for generator, state in zip(generators, states, strict=True):
-            if generator is not None:
-                generator.set_state(state)
-        tokens = torch.zeros(len(requests), dtype=torch.long, device=logits.device)
-        for row, request in enumerate(requests):
-            try:
-                tokens[row : row + 1] = draw_tokens(
-                    logits[row : row + 1], params[row : row + 1], generators[row : row + 1],
-                    histories[row : row + 1], eos_token_ids[row : row + 1],
-                )  # fmt: skip
-            except Exception as error:
-                result.failed[request.request_id] = f"sampling failed: {error}"
-        return tokens
+        drawn: list[torch.Tensor] = []  # the batch's tokens, or those the rows draw alone
+
+        def together() -> None:
+            drawn.append(draw_tokens(logits, params, generators, histories, eos_token_ids))
+
+        def alone(row: int) -> None:
+            if not drawn:
+                drawn.append(torch.zeros(len(requests), dtype=torch.long, device=logits.device))
+            drawn[0][row : row + 1] = draw_tokens(
+                logits[row : row + 1], params[row : row + 1], generators[row : row + 1],
+                histories[row : row + 1], eos_token_ids[row : row + 1],
+            )  # fmt: skip
+
+        for row, error in together_or_alone(generators, together, alone).items():
+            result.failed[requests[row].request_id] = f"sampling failed: {error}"
+        return drawn[0]
 
     def _check_drafts(
         self,
