@@ -213,3 +213,38 @@ def show_table(table: str, name: str | None = None, wallclock: bool = False) -> 
     if name is not None:
         write_report(name, table, wallclock=wallclock)
     display(Markdown(table))
+
+
+MACHINE_PREFIX = "Measured on: "
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def machine_line() -> str:
+    """One line naming what a lesson's wall-clock numbers depend on: the processor, its vector
+    extensions, the threads torch uses and the load when the cell ran."""
+    from llmengine.bench.throughput import cpu_model
+
+    cpuinfo = Path("/proc/cpuinfo")
+    flags: set[str] = set()
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    import torch
+
+    isa = ", ".join(flag for flag in ISA_FLAGS if flag in flags) or "none of " + "/".join(ISA_FLAGS)
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    return (
+        f"{MACHINE_PREFIX}{cpu_model()} ({os.cpu_count()} logical CPUs; {isa}); "
+        f"torch {torch.__version__} on {torch.get_num_threads()} threads; "
+        f"load average {load}"
+    )
+
+
+def show_machine() -> None:
+    """Show `machine_line()` beside a lesson's wall-clock numbers: every lesson that measures
+    time prints it, so a reader knows which machine the numbers belong to."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(machine_line()))
