@@ -11,9 +11,10 @@ wrong: the lessons run in CI with every answer blank.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,24 @@ class Verdict:
         return f"{label}: {self.message}"
 
 
+_RECORDERS: list[list[tuple[str, Any]]] = []
+
+
+@contextlib.contextmanager
+def recording_answers() -> Iterator[list[tuple[str, Any]]]:
+    """Collect `(what, expected)` for every answer `check_value` compares while the block runs.
+
+    The book's tests use it to look for each right answer in the lesson's printed output: an
+    exercise must ask for something the reader works out, not something the lesson showed.
+    """
+    seen: list[tuple[str, Any]] = []
+    _RECORDERS.append(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.remove(seen)
+
+
 def check_value(
     answer: Any,
     expected: Any,
@@ -56,6 +75,8 @@ def check_value(
     """
     if answer is None:
         return Verdict(None, f"set your answer for {what} and run the cell again.")
+    for seen in _RECORDERS:
+        seen.append((what, expected))
     if _is_number(answer) and _is_number(expected):
         close = math.isclose(answer, expected, rel_tol=tolerance, abs_tol=0.0)
         right = answer == expected if tolerance == 0 else close
