@@ -154,7 +154,8 @@ FEATURES: tuple[Feature, ...] = (
         "speculation",
         "prompt lookup (n-gram), or a draft model that shares the target's block tables",
         ("guess-then-check",),
-        (Claim("n-gram prompt lookup, a draft model, EAGLE", ("vllm-spec", "vllm-eagle")),
+        (Claim("n-gram prompt lookup, suffix decoding, a draft model, EAGLE, MTP and more",
+               ("vllm-spec",)),
          Claim("EAGLE-2 and EAGLE-3, MTP, a standalone draft model, n-gram",
                ("sglang-spec", "sglang-args")),
          Claim("speculative decoding in the server; lookup decoding from a lookup cache "

@@ -53,12 +53,7 @@ SOURCES: dict[str, Source] = {
         "https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/",
     ),
     "vllm-spec": Source(
-        "vLLM", "Speculative Decoding", "https://docs.vllm.ai/en/v0.9.1/features/spec_decode.html"
-    ),
-    "vllm-eagle": Source(
-        "vLLM",
-        "EAGLE Draft Models",
-        "https://docs.vllm.ai/en/latest/features/speculative_decoding/eagle/",
+        "vLLM", "Speculative Decoding", _VLLM + "features/speculative_decoding/README.md"
     ),
     "vllm-structured": Source(
         "vLLM", "Structured Outputs", "https://docs.vllm.ai/en/latest/features/structured_outputs/"
