@@ -44,7 +44,7 @@ PARTS = (
          "preempt them under a block budget, and read the bill preemption leaves"),
     Part("When the pool runs dry", 15, 18, "break the scheduler on purpose and see what catches "
          "it, choose the victim, keep blocks free, and swap instead of recomputing"),
-    Part("Serving, speed and scale", 19, 27, "serve the OpenAI API, share prompt prefixes, "
+    Part("Serving, speed and scale", 19, 28, "serve the OpenAI API, share prompt prefixes, "
          "chunk long prefills, take a step's cost apart down to this machine's roofline, "
          "split a model across processes, hold a model's output to a grammar, and guess "
          "tokens ahead and check them in one forward"),

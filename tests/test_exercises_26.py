@@ -1,65 +1,48 @@
 """Lesson 26's exercises: each checker right on the answer worked out here by another route
-(the vocabulary searched by hand for prefixes of the options; every token tried against an
-llguidance matcher at every step, and the characters it forces), wrong on another,
+(the configuration's counts by hand, the greatest common divisor), wrong on another,
 unanswered on None."""
 
 from __future__ import annotations
 
+import math
+
 import llmengine
-from llmengine import Constraint, Engine, SamplingParams
-from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.exercises.lesson_26 import (
-    OPTIONS,
-    check_date_regex,
-    check_first_step_allowed,
-    check_forced_steps,
-    first_step_allowed,
+    check_all_reduces,
+    check_k_proj_shape,
+    check_largest_size,
+    largest_tensor_parallel_size,
 )
-from llmengine.lessons.grammar_mask import PERSON_SCHEMA, PROMPT
-from llmengine.structured.grammar import GrammarCompiler
+from llmengine.model.config import LlamaConfig
 
-TOKENIZER = llmengine.load_tokenizer()
-VOCAB = embedded_model("eager").config.vocab_size
+CONFIG = LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
-def prefixes_of(options: tuple[str, ...]) -> int:
-    """Tokens whose text is a non-empty beginning of one of the options."""
-    texts = [TOKENIZER.decode([token]) for token in range(VOCAB)]
-    return sum(bool(text) and any(o.startswith(text) for o in options) for text in texts)
+def test_all_reduces() -> None:
+    right = 2 * CONFIG.num_hidden_layers
+    assert check_all_reduces(right).right is True
+    assert check_all_reduces(CONFIG.num_hidden_layers).right is False
+    assert check_all_reduces(None).right is None
 
 
-def test_first_step_allowed() -> None:
-    right = prefixes_of(OPTIONS)
-    assert check_first_step_allowed(right).right is True
-    assert check_first_step_allowed(right + 1).right is False
-    assert check_first_step_allowed(None).right is None
-    assert first_step_allowed(("ROMEO", "JULIET")) == prefixes_of(("ROMEO", "JULIET"))
+def test_k_proj_shape() -> None:
+    out = CONFIG.num_key_value_heads // 2 * CONFIG.head_dim
+    assert check_k_proj_shape((out, CONFIG.hidden_size)).right is True
+    assert check_k_proj_shape([out, CONFIG.hidden_size]).right is True
+    assert check_k_proj_shape((2 * out, CONFIG.hidden_size)).right is False
+    assert check_k_proj_shape((out, CONFIG.hidden_size // 2)).right is False
+    assert check_k_proj_shape((out // 2, CONFIG.hidden_size), world=4).right is True
+    assert check_k_proj_shape(None).right is None
 
 
-def test_date_regex() -> None:
-    assert check_date_regex(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])").right is True
-    assert check_date_regex(r"(0[1-9]|[12]\d|3[01])/(0[1-9]|1[012])").right is True
-    assert check_date_regex(r"[0-9]{2}/[0-9]{2}").right is False  # lets 32/01 through
-    assert check_date_regex(r"(0[1-9]|[12][0-9])/(0[1-9]|1[0-2])").right is False  # no 31st
-    assert check_date_regex(r"[0-9]{2}-[0-9]{2}").right is False  # the model writes a dash
-    assert check_date_regex(r"(").right is False
-    assert check_date_regex(None).right is None
-
-
-def test_forced_steps() -> None:
-    constraint = Constraint.json_schema(PERSON_SCHEMA)
-    engine = Engine(embedded_model("eager"), num_blocks=64, tokenizer=TOKENIZER)
-    params = SamplingParams(max_tokens=120, constraint=constraint)
-    tokens = engine.generate([TOKENIZER.encode(PROMPT)], params)[0]
-    matcher = GrammarCompiler(TOKENIZER, VOCAB, engine.eos_token_ids).matcher(constraint)
-    right = 0
-    for token in tokens:
-        # Forced characters (compute_ff_tokens: their tokenization) allow their first token
-        # alone; otherwise count every token the grammar accepts, the end token once complete.
-        accepted = sum(matcher.validate_tokens([t]) == 1 for t in range(VOCAB))
-        right += bool(matcher.compute_ff_tokens()) or accepted + matcher.is_accepting() == 1
-        assert matcher.consume_token(token)
-    assert 0 < right < len(tokens)
-    assert check_forced_steps(right).right is True
-    assert check_forced_steps(right - 1).right is False
-    assert check_forced_steps(None).right is None
+def test_largest_size() -> None:
+    right = math.gcd(
+        CONFIG.num_attention_heads, CONFIG.num_key_value_heads, CONFIG.intermediate_size
+    )
+    assert check_largest_size(right).right is True
+    assert check_largest_size(CONFIG.num_attention_heads).right is False
+    assert check_largest_size(None).right is None
+    assert largest_tensor_parallel_size(LlamaConfig(
+        vocab_size=8, hidden_size=8, intermediate_size=18, num_hidden_layers=1,
+        num_attention_heads=6, num_key_value_heads=6, head_dim=2, max_position_embeddings=8,
+    )) == 6  # fmt: skip

@@ -1,67 +1,65 @@
 """Lesson 27's exercises: each checker right on the answer worked out here by another route
-(the suffixes searched by hand, the forwards replayed from the plain greedy text, the
-probability from `math.exp` after cutting to the top 3 logits), wrong on another, unanswered
-on None."""
+(the vocabulary searched by hand for prefixes of the options; every token tried against an
+llguidance matcher at every step, and the characters it forces), wrong on another,
+unanswered on None."""
 
 from __future__ import annotations
 
-import math
-
 import llmengine
+from llmengine import Constraint, Engine, SamplingParams
 from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.exercises.lesson_27 import (
-    LOOKUP_K,
-    LOOKUP_TOKENS,
-    RUN_K,
-    RUN_PROMPT,
-    RUN_TOKENS,
-    TOY_DRAFT,
-    TOY_LOGITS,
-    check_forwards,
-    check_keep_probability,
-    check_proposal,
+    OPTIONS,
+    check_date_regex,
+    check_first_step_allowed,
+    check_forced_steps,
+    first_step_allowed,
 )
-from llmengine.lessons.speculation import generate_counted, replay_guesses
+from llmengine.lessons.grammar_mask import PERSON_SCHEMA, PROMPT
+from llmengine.structured.grammar import GrammarCompiler
+
+TOKENIZER = llmengine.load_tokenizer()
+VOCAB = embedded_model("eager").config.vocab_size
 
 
-def latest_match(tokens: list[int], k: int) -> list[int]:
-    """Prompt lookup by brute force: every suffix length from 4 down, every earlier start
-    from the right, the first match's followers."""
-    for n in (4, 3, 2, 1):
-        if n >= len(tokens):
-            continue
-        suffix = tokens[-n:]
-        starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == suffix]
-        if starts:
-            return tokens[max(starts) + n :][:k]
-    return []
+def prefixes_of(options: tuple[str, ...]) -> int:
+    """Tokens whose text is a non-empty beginning of one of the options."""
+    texts = [TOKENIZER.decode([token]) for token in range(VOCAB)]
+    return sum(bool(text) and any(o.startswith(text) for o in options) for text in texts)
 
 
-def test_proposal() -> None:
-    right = latest_match(list(LOOKUP_TOKENS), LOOKUP_K)
-    assert right  # the exercise has a guess to find
-    assert check_proposal(right).right is True
-    assert check_proposal(latest_match(list(LOOKUP_TOKENS[:4]), LOOKUP_K)).right is False
-    assert check_proposal(right[:-1]).right is False
-    assert check_proposal(None).right is None
+def test_first_step_allowed() -> None:
+    right = prefixes_of(OPTIONS)
+    assert check_first_step_allowed(right).right is True
+    assert check_first_step_allowed(right + 1).right is False
+    assert check_first_step_allowed(None).right is None
+    assert first_step_allowed(("ROMEO", "JULIET")) == prefixes_of(("ROMEO", "JULIET"))
 
 
-def test_forwards() -> None:
-    prompt = llmengine.load_tokenizer().encode(RUN_PROMPT)
-    output = generate_counted(embedded_model("eager"), [prompt], RUN_TOKENS).outputs[0]
-    right = 1 + len(replay_guesses(prompt, output, RUN_K))
-    assert right < RUN_TOKENS  # some guess is kept
-    assert check_forwards(right).right is True
-    assert check_forwards(right + 1).right is False
-    assert check_forwards(RUN_TOKENS).right is False
-    assert check_forwards(None).right is None
+def test_date_regex() -> None:
+    assert check_date_regex(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])").right is True
+    assert check_date_regex(r"(0[1-9]|[12]\d|3[01])/(0[1-9]|1[012])").right is True
+    assert check_date_regex(r"[0-9]{2}/[0-9]{2}").right is False  # lets 32/01 through
+    assert check_date_regex(r"(0[1-9]|[12][0-9])/(0[1-9]|1[0-2])").right is False  # no 31st
+    assert check_date_regex(r"[0-9]{2}-[0-9]{2}").right is False  # the model writes a dash
+    assert check_date_regex(r"(").right is False
+    assert check_date_regex(None).right is None
 
 
-def test_keep_probability() -> None:
-    top3 = sorted(TOY_LOGITS, reverse=True)[:3]
-    right = math.exp(TOY_LOGITS[TOY_DRAFT]) / sum(math.exp(value) for value in top3)
-    assert check_keep_probability(right).right is True
-    assert check_keep_probability(right * 1.005).right is True
-    everything = math.exp(TOY_LOGITS[TOY_DRAFT]) / sum(math.exp(value) for value in TOY_LOGITS)
-    assert check_keep_probability(everything).right is False  # top_k forgotten
-    assert check_keep_probability(None).right is None
+def test_forced_steps() -> None:
+    constraint = Constraint.json_schema(PERSON_SCHEMA)
+    engine = Engine(embedded_model("eager"), num_blocks=64, tokenizer=TOKENIZER)
+    params = SamplingParams(max_tokens=120, constraint=constraint)
+    tokens = engine.generate([TOKENIZER.encode(PROMPT)], params)[0]
+    matcher = GrammarCompiler(TOKENIZER, VOCAB, engine.eos_token_ids).matcher(constraint)
+    right = 0
+    for token in tokens:
+        # Forced characters (compute_ff_tokens: their tokenization) allow their first token
+        # alone; otherwise count every token the grammar accepts, the end token once complete.
+        accepted = sum(matcher.validate_tokens([t]) == 1 for t in range(VOCAB))
+        right += bool(matcher.compute_ff_tokens()) or accepted + matcher.is_accepting() == 1
+        assert matcher.consume_token(token)
+    assert 0 < right < len(tokens)
+    assert check_forced_steps(right).right is True
+    assert check_forced_steps(right - 1).right is False
+    assert check_forced_steps(None).right is None

@@ -1,4 +1,4 @@
-"""Lesson 26's measurements: one constrained request followed step by step, the mask its grammar
+"""Lesson 27's measurements: one constrained request followed step by step, the mask its grammar
 put on each step's logits, what the model would have chosen without it, and what the mask
 costs next to the forward.
 

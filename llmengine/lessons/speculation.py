@@ -1,4 +1,4 @@
-"""Lesson 27's measurements and figures: speculative decoding by prompt lookup, counted and timed.
+"""Lesson 28's measurements and figures: speculative decoding by prompt lookup, counted and timed.
 
 `generate_counted` runs prompts to completion on a fresh engine, with or without n-gram
 speculation, and keeps what a lesson counts: the outputs, the forwards, the positions they

@@ -1,4 +1,4 @@
-"""Lesson 25's helpers: one layer's split drawn, the shards against the whole, the timings of
+"""Lesson 26's helpers: one layer's split drawn, the shards against the whole, the timings of
 a tensor-parallel step, and a cost model of all-reduces on fast interconnects.
 
 The timing functions are those of `scripts/bench_tensor_parallel.py`, importable so that a

@@ -1,121 +1,83 @@
-"""Lesson 26's exercises: the mask a constraint puts on the embedded model's vocabulary.
+"""Lesson 26's exercises: the split of the embedded model across ranks.
 
-The checkers ask the engine's own grammar code (`RequestGrammars`, the matchers the sampler
-uses) and run the embedded model greedily where an answer is a constraint; nothing is timed.
+Nothing here is timed and no process is started. The checkers ask the engine's own code:
+the all-reduce hooks `add_all_reduces` puts on a rank's model, the weight `load_model` reads
+for rank 0, and the sizes `check_divisible` accepts.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Sequence
+import contextlib
 
 import llmengine
-from llmengine.engine import Engine
-from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
-from llmengine.lessons.grammar_mask import (
-    PERSON_SCHEMA,
-    PROMPT,
-    first_mask,
-    follow,
-    grammars_like,
-    masks_along,
-)
-from llmengine.params import SamplingParams
-from llmengine.structured.constraint import Constraint
-
-OPTIONS = ("yes", "no", "perchance")
-DATE = re.compile(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])")
-NOT_DATES = ("00/05", "32/01", "40/10", "12/13", "12/00", "1/12", "12/1", "12-12", "12/12/12",
-             "ab/cd", "")  # fmt: skip
+from llmengine.lessons.exercises import Verdict, check_value
+from llmengine.model.config import LlamaConfig
+from llmengine.model.sharding import Shard, check_divisible
+from llmengine.parallel.engine import add_all_reduces
 
 
-@functools.cache
-def _engine() -> Engine:
-    return Engine(embedded_model("eager"), num_blocks=64, tokenizer=llmengine.load_tokenizer())
+def _config() -> LlamaConfig:
+    return LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
-def first_step_allowed(options: Sequence[str] = OPTIONS) -> int:
-    """The tokens the mask of `Constraint.choice(options)` allows before anything is written."""
-    engine = _engine()
-    return int(first_mask(grammars_like(engine), Constraint.choice(list(options))).sum())
+def all_reduces_per_step(world: int = 2) -> int:
+    """The all-reduces one forward of a rank makes: the hooks `add_all_reduces` registers on
+    rank 0's model (each runs once per forward, whatever the number of rows)."""
+    model = llmengine.load_model(kernels="eager", shard=Shard(0, world))
+    add_all_reduces(model)
+    return sum(len(module._forward_hooks) for module in model.modules())
 
 
-def check_first_step_allowed(answer: int | None, options: Sequence[str] = OPTIONS) -> Verdict:
-    """Exercise 1: how many tokens the first mask of a choice allows."""
-    what = f"the tokens allowed at the first step of choice({list(options)})"
+def check_all_reduces(answer: int | None, world: int = 2) -> Verdict:
+    """Exercise 1: how many all-reduces a decode step of the embedded model makes."""
     if answer is None:
-        return check_value(None, None, what=what)
+        return check_value(None, None, what="the all-reduces of a decode step")
     return check_value(
         answer,
-        first_step_allowed(options),
-        what=what,
-        explain="Every token whose text begins one of the options, whole options included; "
-        "the end token only once an option is complete.",
+        all_reduces_per_step(world),
+        what=f"the all-reduces of one decode step at {world} ranks",
+        explain="One after attention's o_proj and one after the MLP's down, in every layer.",
     )
 
 
-def greedy_under(pattern: str, max_tokens: int = 16) -> str:
-    """The embedded model's greedy answer to the lesson's prompt under `Constraint.regex`,
-    without the end token."""
-    engine = _engine()
-    params = SamplingParams(max_tokens=max_tokens, constraint=Constraint.regex(pattern))
-    tokens = engine.generate([engine.tokenizer.encode(PROMPT)], params)[0]
-    return engine.tokenizer.decode(tokens, skip_special_tokens=True)
+def rank_zero_k_proj_shape(world: int = 2) -> tuple[int, int]:
+    """The shape of layer 0's k_proj weight as rank 0 of `world` loads it."""
+    model = llmengine.load_model(kernels="eager", shard=Shard(0, world))
+    return tuple(model.layers[0].self_attn.k_proj.weight.shape)
 
 
-def judge_date_regex(pattern: str) -> tuple[bool, str]:
-    """Right when the model's greedy answer under `pattern` is a date DD/MM, and the pattern
-    itself (read by Python's `re`, whose syntax agrees with llguidance's here) matches every
-    day 01-31 of every month 01-12 and none of a list of near misses."""
-    try:
-        compiled = re.compile(pattern)
-        answer = greedy_under(pattern)
-    except (re.error, ValueError) as error:
-        return False, f"The pattern does not compile: {str(error).splitlines()[0]}"
-    if not DATE.fullmatch(answer):
-        return False, f"Under it the model writes {answer!r}, which is not a date DD/MM."
-    dates = [f"{day:02d}/{month:02d}" for day in range(1, 32) for month in range(1, 13)]
-    missed = [date for date in dates if not compiled.fullmatch(date)]
-    if missed:
-        return False, f"The model writes {answer!r}, but the pattern refuses {missed[0]!r}."
-    let_through = [text for text in NOT_DATES if compiled.fullmatch(text)]
-    if let_through:
-        return (
-            False,
-            f"The model writes {answer!r}, but the pattern also allows {let_through[0]!r}.",
-        )
-    return True, f"The model writes {answer!r}, and the pattern allows exactly the dates DD/MM."
-
-
-def check_date_regex(answer: str | None) -> Verdict:
-    """Exercise 2: a regular expression that makes the model answer with a date DD/MM."""
-    return check_with(answer, judge_date_regex, what="a regex for a date DD/MM")
-
-
-def forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
-    """Steps of the model's greedy output under `schema` (the lesson's by default) at which the
-    mask allows exactly one token, the end token included."""
-    engine = _engine()
-    constraint = Constraint.json_schema(schema or PERSON_SCHEMA)
-    followed = follow(
-        engine,
-        engine.tokenizer.encode(PROMPT),
-        SamplingParams(max_tokens=max_tokens, constraint=constraint),
-    )
-    masks = masks_along(grammars_like(engine), constraint, followed.tokens)
-    return int((masks.sum(dim=1) == 1).sum())
-
-
-def check_forced_steps(answer: int | None) -> Verdict:
-    """Exercise 3: at how many steps of the lesson's schema output the model has no choice."""
-    what = "the steps of the schema's output with exactly one allowed token"
+def check_k_proj_shape(answer: tuple[int, int] | list[int] | None, world: int = 2) -> Verdict:
+    """Exercise 2: rank 0's k_proj weight shape, [out, in], at `world` ranks."""
     if answer is None:
-        return check_value(None, None, what=what)
+        return check_value(None, None, what="rank 0's k_proj shape")
+    return check_value(
+        tuple(answer),
+        rank_zero_k_proj_shape(world),
+        what=f"rank 0's k_proj weight shape at {world} ranks",
+        explain="K is cut by output rows: whole K/V heads per rank, the whole hidden input.",
+    )
+
+
+def largest_tensor_parallel_size(config: LlamaConfig | None = None) -> int:
+    """The largest number of ranks `check_divisible` accepts for `config` (the embedded
+    model's by default)."""
+    config = config or _config()
+    accepted = 1
+    for world in range(1, config.num_attention_heads + 1):
+        with contextlib.suppress(ValueError):
+            check_divisible(config, world)
+            accepted = world
+    return accepted
+
+
+def check_largest_size(answer: int | None) -> Verdict:
+    """Exercise 3: the largest tensor_parallel_size the embedded model accepts."""
+    if answer is None:
+        return check_value(None, None, what="the largest tensor_parallel_size")
     return check_value(
         answer,
-        forced_steps(),
-        what=what,
-        explain="The keys, the punctuation between them and the end token are the grammar's; "
-        "only the values leave the model a choice.",
+        largest_tensor_parallel_size(),
+        what="the largest tensor_parallel_size the embedded model accepts",
+        explain="It must divide the heads, the K/V heads and the MLP width: their greatest "
+        "common divisor.",
     )

@@ -1,91 +1,121 @@
-"""Lesson 27's exercises: what prompt lookup guesses, what a run with guesses costs in forwards,
-and how often the sampled rule keeps a guess.
+"""Lesson 27's exercises: the mask a constraint puts on the embedded model's vocabulary.
 
-The checkers ask the engine's own code: `propose_ngram`, a greedy run of the embedded model
-with n-gram speculation (forwards counted step by step), and the sampler's own distribution
-(`candidate_distribution`, the one `verify_drafts` draws from); nothing is timed.
+The checkers ask the engine's own grammar code (`RequestGrammars`, the matchers the sampler
+uses) and run the embedded model greedily where an answer is a constraint; nothing is timed.
 """
 
 from __future__ import annotations
 
 import functools
-
-import torch
+import re
+from collections.abc import Sequence
 
 import llmengine
-from llmengine.lessons.exercises import Verdict, check_value, embedded_model
-from llmengine.lessons.speculation import generate_counted
+from llmengine.engine import Engine
+from llmengine.lessons.exercises import Verdict, check_value, check_with, embedded_model
+from llmengine.lessons.grammar_mask import (
+    PERSON_SCHEMA,
+    PROMPT,
+    first_mask,
+    follow,
+    grammars_like,
+    masks_along,
+)
 from llmengine.params import SamplingParams
-from llmengine.sampling import candidate_distribution
-from llmengine.speculative.ngram import propose_ngram
+from llmengine.structured.constraint import Constraint
 
-LOOKUP_TOKENS = (5, 8, 2, 5, 8, 9, 7, 5, 8)
-LOOKUP_K = 3
-RUN_PROMPT = "ROMEO:\n"
-RUN_TOKENS = 100
-RUN_K = 2
-TOY_LOGITS = (2.0, 1.0, 0.5, 0.0)
-TOY_PARAMS = SamplingParams(temperature=1.0, top_k=3)
-TOY_DRAFT = 1
-
-
-def check_proposal(answer: list[int] | None) -> Verdict:
-    """Exercise 1: the tokens `propose_ngram(LOOKUP_TOKENS, LOOKUP_K)` proposes."""
-    what = f"propose_ngram({list(LOOKUP_TOKENS)}, k={LOOKUP_K})"
-    if answer is None:
-        return check_value(None, None, what=what)
-    return check_value(
-        list(answer),
-        propose_ngram(LOOKUP_TOKENS, LOOKUP_K),
-        what=what,
-        explain="No suffix of 4 or 3 tokens occurs earlier; [5, 8] does, twice, and the latest "
-        "occurrence wins: the tokens after it are the guess.",
-    )
+OPTIONS = ("yes", "no", "perchance")
+DATE = re.compile(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])")
+NOT_DATES = ("00/05", "32/01", "40/10", "12/13", "12/00", "1/12", "12/1", "12-12", "12/12/12",
+             "ab/cd", "")  # fmt: skip
 
 
 @functools.cache
-def forwards_at(k: int = RUN_K, prompt: str = RUN_PROMPT, max_tokens: int = RUN_TOKENS) -> int:
-    """Forwards of the embedded model's greedy run of `prompt` (`max_tokens` tokens, past the
-    end token) alone on an engine speculating with up to `k` drafts, prefill included."""
-    tokens = llmengine.load_tokenizer().encode(prompt)
-    return generate_counted(embedded_model("eager"), [tokens], max_tokens, k).forwards
+def _engine() -> Engine:
+    return Engine(embedded_model("eager"), num_blocks=64, tokenizer=llmengine.load_tokenizer())
 
 
-def check_forwards(answer: int | None) -> Verdict:
-    """Exercise 2: the forwards the lesson's first stream takes at k = 2."""
-    what = f"the forwards of {RUN_PROMPT!r}, {RUN_TOKENS} greedy tokens, at k = {RUN_K}"
+def first_step_allowed(options: Sequence[str] = OPTIONS) -> int:
+    """The tokens the mask of `Constraint.choice(options)` allows before anything is written."""
+    engine = _engine()
+    return int(first_mask(grammars_like(engine), Constraint.choice(list(options))).sum())
+
+
+def check_first_step_allowed(answer: int | None, options: Sequence[str] = OPTIONS) -> Verdict:
+    """Exercise 1: how many tokens the first mask of a choice allows."""
+    what = f"the tokens allowed at the first step of choice({list(options)})"
     if answer is None:
         return check_value(None, None, what=what)
     return check_value(
         answer,
-        forwards_at(),
+        first_step_allowed(options),
         what=what,
-        explain="Greedy speculation writes the same text, so the count follows from that text: "
-        "each forward adds the guess's agreeing prefix and one token.",
+        explain="Every token whose text begins one of the options, whole options included; "
+        "the end token only once an option is complete.",
     )
 
 
-def keep_probability(
-    logits: tuple[float, ...] = TOY_LOGITS,
-    params: SamplingParams = TOY_PARAMS,
-    draft: int = TOY_DRAFT,
-) -> float:
-    """p(draft) under the sampler's distribution for `logits` and `params`: the chance that
-    `verify_drafts` keeps the draft."""
-    tokens, probs = candidate_distribution(torch.tensor(logits), params)
-    return float(probs[tokens == draft].sum())
+def greedy_under(pattern: str, max_tokens: int = 16) -> str:
+    """The embedded model's greedy answer to the lesson's prompt under `Constraint.regex`,
+    without the end token."""
+    engine = _engine()
+    params = SamplingParams(max_tokens=max_tokens, constraint=Constraint.regex(pattern))
+    tokens = engine.generate([engine.tokenizer.encode(PROMPT)], params)[0]
+    return engine.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def check_keep_probability(answer: float | None) -> Verdict:
-    """Exercise 3: the chance the sampled rule keeps the toy draft (to within 1%)."""
-    what = f"the chance of keeping draft {TOY_DRAFT} under logits {list(TOY_LOGITS)}, top_k=3"
+def judge_date_regex(pattern: str) -> tuple[bool, str]:
+    """Right when the model's greedy answer under `pattern` is a date DD/MM, and the pattern
+    itself (read by Python's `re`, whose syntax agrees with llguidance's here) matches every
+    day 01-31 of every month 01-12 and none of a list of near misses."""
+    try:
+        compiled = re.compile(pattern)
+        answer = greedy_under(pattern)
+    except (re.error, ValueError) as error:
+        return False, f"The pattern does not compile: {str(error).splitlines()[0]}"
+    if not DATE.fullmatch(answer):
+        return False, f"Under it the model writes {answer!r}, which is not a date DD/MM."
+    dates = [f"{day:02d}/{month:02d}" for day in range(1, 32) for month in range(1, 13)]
+    missed = [date for date in dates if not compiled.fullmatch(date)]
+    if missed:
+        return False, f"The model writes {answer!r}, but the pattern refuses {missed[0]!r}."
+    let_through = [text for text in NOT_DATES if compiled.fullmatch(text)]
+    if let_through:
+        return (
+            False,
+            f"The model writes {answer!r}, but the pattern also allows {let_through[0]!r}.",
+        )
+    return True, f"The model writes {answer!r}, and the pattern allows exactly the dates DD/MM."
+
+
+def check_date_regex(answer: str | None) -> Verdict:
+    """Exercise 2: a regular expression that makes the model answer with a date DD/MM."""
+    return check_with(answer, judge_date_regex, what="a regex for a date DD/MM")
+
+
+def forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
+    """Steps of the model's greedy output under `schema` (the lesson's by default) at which the
+    mask allows exactly one token, the end token included."""
+    engine = _engine()
+    constraint = Constraint.json_schema(schema or PERSON_SCHEMA)
+    followed = follow(
+        engine,
+        engine.tokenizer.encode(PROMPT),
+        SamplingParams(max_tokens=max_tokens, constraint=constraint),
+    )
+    masks = masks_along(grammars_like(engine), constraint, followed.tokens)
+    return int((masks.sum(dim=1) == 1).sum())
+
+
+def check_forced_steps(answer: int | None) -> Verdict:
+    """Exercise 3: at how many steps of the lesson's schema output the model has no choice."""
+    what = "the steps of the schema's output with exactly one allowed token"
     if answer is None:
         return check_value(None, None, what=what)
     return check_value(
         answer,
-        keep_probability(),
+        forced_steps(),
         what=what,
-        tolerance=0.01,
-        explain="top_k=3 drops the last token before the softmax, so p(1) = e^1 / (e^2 + e^1 + "
-        "e^0.5); the rule keeps the draft with exactly that chance.",
+        explain="The keys, the punctuation between them and the end token are the grammar's; "
+        "only the values leave the model a choice.",
     )

@@ -1,4 +1,4 @@
-"""Lesson 26: the committed notebook and reports say what the lesson claims (the schema's
+"""Lesson 27: the committed notebook and reports say what the lesson claims (the schema's
 output validates and ends on the end token, every mask of the steps table allows the token
 kept), and its helpers follow, replay, draw and time what the lesson says they do."""
 
@@ -30,7 +30,7 @@ from llmengine.lessons.grammar_mask import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "lessons" / "26-a-grammar-as-a-mask.ipynb"
+NOTEBOOK = ROOT / "lessons" / "27-a-grammar-as-a-mask.ipynb"
 TOKENIZER = llmengine.load_tokenizer()
 SCHEMA = Constraint.json_schema(PERSON_SCHEMA)
 
@@ -129,5 +129,5 @@ def test_the_notebook_ran_and_ends_with_its_exercises() -> None:
     assert all(cell.get("execution_count") or not cell["source"] for cell in code)
     errors = [o for c in code for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert errors == []
-    assert "lesson_26" in "".join(code[-1]["source"])
+    assert "lesson_27" in "".join(code[-1]["source"])
     assert (ROOT / "figures" / "grammar-mask-steps.png").is_file()

@@ -1,4 +1,4 @@
-"""Lesson 27: the committed reports say what the lesson claims (greedy text unchanged at every
+"""Lesson 28: the committed reports say what the lesson claims (greedy text unchanged at every
 k, fewer forwards, later positions of a guess kept less often), and its helpers count, replay,
 time and draw what the lesson says they do."""
 

@@ -1,4 +1,4 @@
-"""Lesson 25: the committed notebook and reports say what the lesson claims (every prompt's
+"""Lesson 26: the committed notebook and reports say what the lesson claims (every prompt's
 tokens equal at two ranks, rank 0's weights half the whole along the cut dimension), and its
 helpers count and model what the lesson says they do."""
 
@@ -27,7 +27,7 @@ from llmengine.model.config import LlamaConfig
 from llmengine.model.sharding import Shard
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "lessons" / "25-past-one-process.ipynb"
+NOTEBOOK = ROOT / "lessons" / "26-past-one-process.ipynb"
 CONFIG = LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
@@ -68,7 +68,7 @@ def test_the_notebook_ran_and_ends_with_its_exercises() -> None:
     assert all(cell.get("execution_count") or not cell["source"] for cell in code)
     errors = [o for c in code for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert errors == []
-    assert "lesson_25" in "".join(code[-1]["source"])
+    assert "lesson_26" in "".join(code[-1]["source"])
     assert (ROOT / "figures" / "tensor-parallel-split.png").is_file()
 
 
