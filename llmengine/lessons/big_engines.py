@@ -65,8 +65,8 @@ FEATURES: tuple[Feature, ...] = (
                ("sglang-args",)),
          Claim("one context of `-c` tokens; `--kv-unified` makes it a single buffer "
                "shared by every sequence", ("llamacpp-server",)),
-         Claim("paged: blocks of a power-of-two number of tokens, every layer packed in one "
-               "block", ("trt-kvcache",))),
+         Claim("paged: blocks of a power-of-two number of tokens, several layers packed in "
+               "one block", ("trt-kvcache",))),
     ),
     Feature(
         "prefix reuse",
