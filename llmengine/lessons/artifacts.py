@@ -235,9 +235,10 @@ def machine_line() -> str:
 
     isa = ", ".join(flag for flag in ISA_FLAGS if flag in flags) or "none of " + "/".join(ISA_FLAGS)
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    threads = torch.get_num_threads()
     return (
         f"{MACHINE_PREFIX}{cpu_model()} ({os.cpu_count()} logical CPUs; {isa}); "
-        f"torch {torch.__version__} on {torch.get_num_threads()} threads; "
+        f"torch {torch.__version__} on {threads} thread{'s' if threads > 1 else ''}; "
         f"load average {load}"
     )
 
