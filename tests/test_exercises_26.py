@@ -1,5 +1,6 @@
 """Lesson 26's exercises: each checker right on the answer worked out here by another route
-(the configuration's counts by hand, the greatest common divisor), wrong on another,
+(the configuration's counts by hand, the greatest common divisor), wrong on another (the
+numbers the lesson prints among them),
 unanswered on None."""
 
 from __future__ import annotations
@@ -8,31 +9,37 @@ import math
 
 import llmengine
 from llmengine.lessons.exercises.lesson_26 import (
-    check_all_reduces,
-    check_k_proj_shape,
+    check_down_proj_shape,
     check_largest_size,
+    check_vocab_parallel_bytes,
     largest_tensor_parallel_size,
 )
+from llmengine.lessons.tensor_parallel import rank_parameters
 from llmengine.model.config import LlamaConfig
 
 CONFIG = LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
-def test_all_reduces() -> None:
-    right = 2 * CONFIG.num_hidden_layers
-    assert check_all_reduces(right).right is True
-    assert check_all_reduces(CONFIG.num_hidden_layers).right is False
-    assert check_all_reduces(None).right is None
+def test_vocab_parallel_bytes() -> None:
+    embedding = CONFIG.vocab_size * CONFIG.hidden_size
+    right = 4 * (rank_parameters(CONFIG, 2) - embedding // 2)
+    assert check_vocab_parallel_bytes(right).right is True
+    assert check_vocab_parallel_bytes(4 * rank_parameters(CONFIG, 2)).right is False  # printed
+    assert check_vocab_parallel_bytes(right - 4 * embedding // 2).right is False  # none kept
+    assert check_vocab_parallel_bytes(4 * (rank_parameters(CONFIG, 4) - embedding * 3 // 4),
+                                      world=4).right is True  # fmt: skip
+    assert check_vocab_parallel_bytes(None).right is None
 
 
-def test_k_proj_shape() -> None:
-    out = CONFIG.num_key_value_heads // 2 * CONFIG.head_dim
-    assert check_k_proj_shape((out, CONFIG.hidden_size)).right is True
-    assert check_k_proj_shape([out, CONFIG.hidden_size]).right is True
-    assert check_k_proj_shape((2 * out, CONFIG.hidden_size)).right is False
-    assert check_k_proj_shape((out, CONFIG.hidden_size // 2)).right is False
-    assert check_k_proj_shape((out // 2, CONFIG.hidden_size), world=4).right is True
-    assert check_k_proj_shape(None).right is None
+def test_down_proj_shape() -> None:
+    quarter = CONFIG.intermediate_size // 4
+    assert check_down_proj_shape((CONFIG.hidden_size, quarter)).right is True
+    assert check_down_proj_shape([CONFIG.hidden_size, quarter]).right is True
+    assert check_down_proj_shape((quarter, CONFIG.hidden_size)).right is False  # cut by rows
+    assert check_down_proj_shape((CONFIG.hidden_size, 2 * quarter)).right is False  # 2 ranks'
+    assert check_down_proj_shape((CONFIG.hidden_size // 4, CONFIG.intermediate_size)).right is False
+    assert check_down_proj_shape((CONFIG.hidden_size, 2 * quarter), world=2).right is True
+    assert check_down_proj_shape(None).right is None
 
 
 def test_largest_size() -> None:

@@ -1,6 +1,6 @@
 """Lesson 27's exercises: each checker right on the answer worked out here by another route
 (the vocabulary searched by hand for prefixes of the options; every token tried against an
-llguidance matcher at every step, and the characters it forces), wrong on another,
+llguidance matcher at every step), wrong on another (the mask's own count among them),
 unanswered on None."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from llmengine.lessons.exercises.lesson_27 import (
     OPTIONS,
     check_date_regex,
     check_first_step_allowed,
-    check_forced_steps,
+    check_grammar_forced_steps,
     first_step_allowed,
 )
 from llmengine.lessons.grammar_mask import PERSON_SCHEMA, PROMPT
@@ -33,7 +33,7 @@ def test_first_step_allowed() -> None:
     assert check_first_step_allowed(right).right is True
     assert check_first_step_allowed(right + 1).right is False
     assert check_first_step_allowed(None).right is None
-    assert first_step_allowed(("ROMEO", "JULIET")) == prefixes_of(("ROMEO", "JULIET"))
+    assert first_step_allowed(("yes", "no", "perchance")) == prefixes_of(("yes", "no", "perchance"))
 
 
 def test_date_regex() -> None:
@@ -46,20 +46,22 @@ def test_date_regex() -> None:
     assert check_date_regex(None).right is None
 
 
-def test_forced_steps() -> None:
+def test_grammar_forced_steps() -> None:
     constraint = Constraint.json_schema(PERSON_SCHEMA)
     engine = Engine(embedded_model("eager"), num_blocks=64, tokenizer=TOKENIZER)
     params = SamplingParams(max_tokens=120, constraint=constraint)
     tokens = engine.generate([TOKENIZER.encode(PROMPT)], params)[0]
     matcher = GrammarCompiler(TOKENIZER, VOCAB, engine.eos_token_ids).matcher(constraint)
-    right = 0
+    right = mask_forced = 0
     for token in tokens:
-        # Forced characters (compute_ff_tokens: their tokenization) allow their first token
-        # alone; otherwise count every token the grammar accepts, the end token once complete.
+        # the grammar alone: every token it accepts, the end token once it is complete
         accepted = sum(matcher.validate_tokens([t]) == 1 for t in range(VOCAB))
-        right += bool(matcher.compute_ff_tokens()) or accepted + matcher.is_accepting() == 1
+        right += accepted + matcher.is_accepting() == 1
+        # the mask also forces the tokenizer's spelling of forced characters (compute_ff_tokens)
+        mask_forced += bool(matcher.compute_ff_tokens()) or accepted + matcher.is_accepting() == 1
         assert matcher.consume_token(token)
-    assert 0 < right < len(tokens)
-    assert check_forced_steps(right).right is True
-    assert check_forced_steps(right - 1).right is False
-    assert check_forced_steps(None).right is None
+    assert 0 < right < mask_forced < len(tokens)
+    assert check_grammar_forced_steps(right).right is True
+    assert check_grammar_forced_steps(mask_forced).right is False  # the count the lesson prints
+    assert check_grammar_forced_steps(right - 1).right is False
+    assert check_grammar_forced_steps(None).right is None

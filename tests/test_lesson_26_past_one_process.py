@@ -24,7 +24,7 @@ from llmengine.lessons.tensor_parallel import (
     slices_make_the_whole,
 )
 from llmengine.model.config import LlamaConfig
-from llmengine.model.sharding import Shard
+from llmengine.model.sharding import Shard, split_dim
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "lessons" / "26-past-one-process.ipynb"
@@ -60,6 +60,21 @@ def test_the_memory_report_matches_the_count_of_this_split() -> None:
     held = {int(row[0]): int(row[1].replace(",", "")) for row in rows}
     assert held == {world: 4 * rank_parameters(CONFIG, world) for world in held}
     assert held[1] > held[2] > held[4] > held[1] // 4  # the embedding is whole on every rank
+
+
+def test_the_parts_kept_whole_are_twice_the_two_rank_share_less_one() -> None:
+    """The lesson reads the share of the parameters every rank keeps whole off the memory
+    table (k = 2 x the two-rank share - 1); counted tensor by tensor, it is the same."""
+    rows = table_rows("tensor-parallel-memory")
+    held = {int(row[0]): int(row[1].replace(",", "")) for row in rows}
+    whole = llmengine.load_model(kernels="eager")
+    kept = sum(
+        parameter.numel() * parameter.element_size()
+        for name, parameter in whole.named_parameters()
+        if split_dim(f"model.{name}") is None
+    )
+    assert 0 < kept < held[1]
+    assert kept / held[1] == pytest.approx(2 * held[2] / held[1] - 1)
 
 
 def test_the_notebook_ran_and_ends_with_its_exercises() -> None:

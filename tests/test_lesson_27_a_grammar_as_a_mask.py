@@ -61,6 +61,19 @@ def test_the_steps_table_counts_the_vocabulary_share() -> None:
     assert rows[-1][4] == "`<eos>`" and int(rows[-1][2]) == 1
 
 
+def test_the_agreement_report_sorts_every_step_once() -> None:
+    """The three kinds of step partition the output: their counts and the nats they give up
+    add up to the row of all steps, and no step keeps a token above the model's favourite."""
+    *kinds, total = table_rows("grammar-mask-agreement")
+    assert [row[0] for row in kinds] == [
+        "one token allowed", "several allowed, in the name", "several allowed, elsewhere"
+    ]  # fmt: skip
+    assert sum(int(row[1]) for row in kinds) == int(total[1])
+    assert sum(int(row[2]) for row in kinds) == int(total[2])
+    assert sum(float(row[5]) for row in kinds) == pytest.approx(float(total[5]), abs=0.15)
+    assert all(float(row[5]) >= 0 for row in [*kinds, total])
+
+
 def test_follow_is_the_engines_output_and_unmasked_greedy_agrees_everywhere(engine) -> None:
     prompt = TOKENIZER.encode(PROMPT)
     plain = follow(engine, prompt, SamplingParams(max_tokens=12))

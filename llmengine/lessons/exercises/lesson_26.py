@@ -1,8 +1,7 @@
 """Lesson 26's exercises: the split of the embedded model across ranks.
 
-Nothing here is timed and no process is started. The checkers ask the engine's own code:
-the all-reduce hooks `add_all_reduces` puts on a rank's model, the weight `load_model` reads
-for rank 0, and the sizes `check_divisible` accepts.
+Nothing here is timed and no process is started. The checkers ask the engine's own code: the
+parameters and weights `load_model` reads for rank 0, and the sizes `check_divisible` accepts.
 """
 
 from __future__ import annotations
@@ -13,48 +12,54 @@ import llmengine
 from llmengine.lessons.exercises import Verdict, check_value
 from llmengine.model.config import LlamaConfig
 from llmengine.model.sharding import Shard, check_divisible
-from llmengine.parallel.engine import add_all_reduces
 
 
 def _config() -> LlamaConfig:
     return LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
-def all_reduces_per_step(world: int = 2) -> int:
-    """The all-reduces one forward of a rank makes: the hooks `add_all_reduces` registers on
-    rank 0's model (each runs once per forward, whatever the number of rows)."""
+def vocab_parallel_bytes(world: int = 2) -> int:
+    """The parameter bytes rank 0 of `world` would hold if the embedding (tied to the output
+    head) were cut by vocabulary rows too: what `load_model` reads for rank 0, less all but its
+    share of the embedding."""
     model = llmengine.load_model(kernels="eager", shard=Shard(0, world))
-    add_all_reduces(model)
-    return sum(len(module._forward_hooks) for module in model.modules())
+    embedding = model.embed_tokens.weight
+    held = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    return held - embedding.numel() * embedding.element_size() * (world - 1) // world
 
 
-def check_all_reduces(answer: int | None, world: int = 2) -> Verdict:
-    """Exercise 1: how many all-reduces a decode step of the embedded model makes."""
+def check_vocab_parallel_bytes(answer: int | None, world: int = 2) -> Verdict:
+    """Exercise 1: rank 0's parameter bytes with the embedding cut by vocabulary rows."""
     if answer is None:
-        return check_value(None, None, what="the all-reduces of a decode step")
+        return check_value(None, None, what="rank 0's parameter bytes")
     return check_value(
         answer,
-        all_reduces_per_step(world),
-        what=f"the all-reduces of one decode step at {world} ranks",
-        explain="One after attention's o_proj and one after the MLP's down, in every layer.",
+        vocab_parallel_bytes(world),
+        what=f"rank 0's parameter bytes at {world} ranks with a vocabulary-parallel embedding",
+        explain="The memory table's bytes at that many ranks, less the embedding's share the "
+        "other ranks would hold: vocabulary x hidden x 4 bytes x (ranks - 1) / ranks.",
     )
 
 
-def rank_zero_k_proj_shape(world: int = 2) -> tuple[int, int]:
-    """The shape of layer 0's k_proj weight as rank 0 of `world` loads it."""
+def rank_zero_shape(projection: str, world: int) -> tuple[int, int]:
+    """The shape of layer 0's `projection` weight (`down_proj`, `k_proj`...) as rank 0 of
+    `world` loads it."""
     model = llmengine.load_model(kernels="eager", shard=Shard(0, world))
-    return tuple(model.layers[0].self_attn.k_proj.weight.shape)
+    layer = model.layers[0]
+    block = layer.mlp if hasattr(layer.mlp, projection) else layer.self_attn
+    return tuple(getattr(block, projection).weight.shape)
 
 
-def check_k_proj_shape(answer: tuple[int, int] | list[int] | None, world: int = 2) -> Verdict:
-    """Exercise 2: rank 0's k_proj weight shape, [out, in], at `world` ranks."""
+def check_down_proj_shape(answer: tuple[int, int] | list[int] | None, world: int = 4) -> Verdict:
+    """Exercise 2: rank 0's down_proj weight shape, [out, in], at `world` ranks."""
     if answer is None:
-        return check_value(None, None, what="rank 0's k_proj shape")
+        return check_value(None, None, what="rank 0's down_proj shape")
     return check_value(
         tuple(answer),
-        rank_zero_k_proj_shape(world),
-        what=f"rank 0's k_proj weight shape at {world} ranks",
-        explain="K is cut by output rows: whole K/V heads per rank, the whole hidden input.",
+        rank_zero_shape("down_proj", world),
+        what=f"rank 0's down_proj weight shape at {world} ranks",
+        explain="down is cut by input columns: each rank multiplies its part of the MLP's "
+        "hidden units into the whole hidden size, a partial sum the all-reduce completes.",
     )
 
 

@@ -1,7 +1,8 @@
 """Lesson 27's exercises: the mask a constraint puts on the embedded model's vocabulary.
 
 The checkers ask the engine's own grammar code (`RequestGrammars`, the matchers the sampler
-uses) and run the embedded model greedily where an answer is a constraint; nothing is timed.
+uses) and run the embedded model greedily where an answer is a constraint or a count over
+its output; nothing is timed.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from llmengine.lessons.exercises import Verdict, check_value, check_with, embedd
 from llmengine.lessons.grammar_mask import (
     PERSON_SCHEMA,
     PROMPT,
+    accepted_counts,
     first_mask,
     follow,
     grammars_like,
-    masks_along,
 )
 from llmengine.params import SamplingParams
 from llmengine.structured.constraint import Constraint
 
-OPTIONS = ("yes", "no", "perchance")
+OPTIONS = ("ROMEO", "JULIET", "NURSE")
 DATE = re.compile(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])")
 NOT_DATES = ("00/05", "32/01", "40/10", "12/13", "12/00", "1/12", "12/1", "12-12", "12/12/12",
              "ab/cd", "")  # fmt: skip
@@ -93,9 +94,11 @@ def check_date_regex(answer: str | None) -> Verdict:
     return check_with(answer, judge_date_regex, what="a regex for a date DD/MM")
 
 
-def forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
+def grammar_forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
     """Steps of the model's greedy output under `schema` (the lesson's by default) at which the
-    mask allows exactly one token, the end token included."""
+    grammar alone accepts exactly one token, the end token included: the steps a mask that
+    allowed every accepted token, not only the tokenizer's own spelling of forced text, would
+    still force."""
     engine = _engine()
     constraint = Constraint.json_schema(schema or PERSON_SCHEMA)
     followed = follow(
@@ -103,19 +106,20 @@ def forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
         engine.tokenizer.encode(PROMPT),
         SamplingParams(max_tokens=max_tokens, constraint=constraint),
     )
-    masks = masks_along(grammars_like(engine), constraint, followed.tokens)
-    return int((masks.sum(dim=1) == 1).sum())
+    return accepted_counts(grammars_like(engine), constraint, followed.tokens).count(1)
 
 
-def check_forced_steps(answer: int | None) -> Verdict:
-    """Exercise 3: at how many steps of the lesson's schema output the model has no choice."""
-    what = "the steps of the schema's output with exactly one allowed token"
+def check_grammar_forced_steps(answer: int | None) -> Verdict:
+    """Exercise 3: at how many steps of the lesson's schema output the grammar alone, not the
+    tokenizer's spelling, leaves one token."""
+    what = "the steps of the schema's output at which the grammar accepts exactly one token"
     if answer is None:
         return check_value(None, None, what=what)
     return check_value(
         answer,
-        forced_steps(),
+        grammar_forced_steps(),
         what=what,
-        explain="The keys, the punctuation between them and the end token are the grammar's; "
-        "only the values leave the model a choice.",
+        explain="The steps the mask forces, less those where it forces only the tokenizer's "
+        "spelling: there the grammar accepts every token that spells a beginning of the forced "
+        "text.",
     )
