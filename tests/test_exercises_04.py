@@ -17,18 +17,29 @@ WINDOW = "ROMEO:\nBut soft, what light through yonder window"
 SURE = "I pray you, good my"
 
 
-def sorted_probabilities(text: str) -> list[float]:
+def sorted_probabilities(text: str, temperature: float = 1.0) -> list[float]:
     tokenizer = llmengine.load_tokenizer()
     model = llmengine.load_model(kernels="eager")
     with torch.no_grad():
         logits = model(torch.tensor([tokenizer.encode(text)]))[0, -1]
-    return sorted(torch.softmax(logits.double(), -1).tolist(), reverse=True)
+    return sorted(torch.softmax(logits.double() / temperature, -1).tolist(), reverse=True)
+
+
+def nucleus(probabilities: list[float], top_p: float) -> int:
+    """The fewest likeliest tokens whose probabilities add up to `top_p`."""
+    total = 0.0
+    for count, probability in enumerate(probabilities, start=1):
+        total += probability
+        if total >= top_p:
+            return count
+    return len(probabilities)
 
 
 def test_candidates_at_temperature_quarter() -> None:
-    vocabulary = len(sorted_probabilities(WINDOW))
-    assert check_candidates_at_temperature_quarter(vocabulary).right is True
-    assert check_candidates_at_temperature_quarter(1).right is False
+    right = nucleus(sorted_probabilities(WINDOW, temperature=0.25), 0.9)
+    assert right < nucleus(sorted_probabilities(WINDOW), 0.9)
+    assert check_candidates_at_temperature_quarter(right).right is True
+    assert check_candidates_at_temperature_quarter(len(sorted_probabilities(WINDOW))).right is False
     assert check_candidates_at_temperature_quarter(None).right is None
 
 

@@ -34,12 +34,13 @@ def candidates(text: str, **knobs: Any) -> int:
 
 
 def check_candidates_at_temperature_quarter(answer: int | None) -> Verdict:
-    """Exercise 1: candidates left after "...yonder window" at temperature 0.25."""
+    """Exercise 1: candidates `top_p=0.9` leaves after "...yonder window" at temperature 0.25."""
     return check_value(
         answer,
-        candidates(WINDOW, temperature=0.25),
-        what="the candidates at temperature 0.25",
-        explain="Temperature moves probability between tokens and removes none.",
+        candidates(WINDOW, temperature=0.25, top_p=0.9),
+        what="the candidates top_p 0.9 leaves at temperature 0.25",
+        explain="Temperature divides the logits before top-p sees them: at 0.25 the few likeliest "
+        "tokens hold nearly all the probability, so 90% of it is reached after a handful.",
     )
 
 
