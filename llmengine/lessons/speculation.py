@@ -46,7 +46,8 @@ class Run:
     step (after the scheduler cut them to the request's budget); `positions` sums the
     positions every forward computed (prompts, decode rows and drafts). `streams` gives, for
     each prompt, the forwards its request took part in: the forwards it would take alone,
-    since greedy drafts depend on the request's own tokens only."""
+    since greedy drafts depend on the request's own tokens only. `draft_forwards` counts a
+    draft model's forwards (0 for prompt lookup, which runs none)."""
 
     k: int | None
     outputs: list[list[int]]
@@ -55,6 +56,7 @@ class Run:
     positions: int
     drafts: list[tuple[int, int]]
     seconds: float
+    draft_forwards: int = 0
 
     @property
     def tokens(self) -> int:
@@ -106,6 +108,14 @@ def generate_counted(
     forwards = positions = 0
     drafts: list[tuple[int, int]] = []
     rows: Counter[int] = Counter()
+    draft_forwards = 0
+    if engine.runner.drafter is not None:  # every draft forward embeds its tokens once
+
+        def count_forward(*_: object) -> None:
+            nonlocal draft_forwards
+            draft_forwards += 1
+
+        engine.runner.drafter.model.embed_tokens.register_forward_hook(count_forward)
     start = time.perf_counter()
     ids = engine.add_requests(prompts, params)
     while engine.has_unfinished():
@@ -116,7 +126,8 @@ def generate_counted(
         rows.update(outcome.row_positions.keys())
     seconds = time.perf_counter() - start
     outputs = [engine.release(request_id).output_token_ids for request_id in ids]
-    return Run(k, outputs, forwards, [rows[i] for i in ids], positions, drafts, seconds)
+    streams = [rows[i] for i in ids]
+    return Run(k, outputs, forwards, streams, positions, drafts, seconds, draft_forwards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,18 +211,21 @@ def time_runs(
     ks: Sequence[int | None],
     max_tokens: int,
     rounds: int,
+    proposer: str = "ngram",
 ) -> dict[tuple[int, int | None], list[Run]]:
-    """`generate_counted` for the first `batch` prompts at each k (None: no speculation),
-    `rounds` times each, the configurations interleaved within every round so that a slow
-    spell of the machine hits them all; one untimed run of each comes first (a warm-up that
-    also lets measured kernels time every row count the timed runs meet)."""
+    """`generate_counted` for the first `batch` prompts at each k (None: no speculation) with
+    `proposer` (prompt lookup, or a draft model's folder), `rounds` times each, the
+    configurations interleaved within every round so that a slow spell of the machine hits
+    them all; one untimed run of each comes first (a warm-up that also lets measured kernels
+    time every row count the timed runs meet)."""
     configurations = [(batch, k) for batch in batches for k in ks]
     for batch, k in configurations:
-        generate_counted(model, prompts[:batch], max_tokens, k)
+        generate_counted(model, prompts[:batch], max_tokens, k, proposer)
     timed: dict[tuple[int, int | None], list[Run]] = {key: [] for key in configurations}
     for _ in range(rounds):
         for batch, k in configurations:
-            timed[batch, k].append(generate_counted(model, prompts[:batch], max_tokens, k))
+            run = generate_counted(model, prompts[:batch], max_tokens, k, proposer)
+            timed[batch, k].append(run)
     return timed
 
 
