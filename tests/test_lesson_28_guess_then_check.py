@@ -16,28 +16,33 @@ from matplotlib.figure import Figure
 
 import llmengine
 from llmengine import Engine, SamplingParams
-from llmengine.lessons.draft_model import chi_square, draft_outcomes, refused_from_p, shared_blocks
+from llmengine.lessons.draft_model import (
+    chi_square,
+    draft_outcomes,
+    refused_from_p,
+    sampled_outcomes,
+    shared_blocks,
+)
 from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.speculation import (
     PROMPTS,
     Position,
     acceptance_by_position,
     engine_for,
-    faster_or_slower,
     generate_counted,
     guess_lengths,
     matched_suffix,
     plot_acceptance,
     plot_speedups,
     replay_guesses,
-    sampled_outcomes,
-    speed_rows,
-    time_runs,
 )
 from llmengine.lessons.speculation_cost import (
     SpeculationCost,
     StepTimes,
+    faster_or_slower,
     speculation_cost,
+    speed_rows,
+    time_runs,
     time_steps,
 )
 from llmengine.speculative.draft import save_self_draft

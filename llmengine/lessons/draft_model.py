@@ -1,11 +1,13 @@
-"""Lesson 28's draft model: its cache on the target's block tables, and its sampled rule checked.
+"""Lesson 28's sampled rule and draft model: the draft's cache on the target's block tables, and
+the rule checked by sampling.
 
 `shared_blocks` reads an engine speculating with a draft model in the middle of a run: the
 block ids each request holds, the two caches' shapes over those blocks, and how far the
 draft's K/V there agrees with the target's. With a self-draft (`save_self_draft`) the
 draft's one layer is the target's first, so the two caches hold the same layer-0 K/V in the
-same blocks. `draft_outcomes` replays `verify_drafts` on drafts drawn from a draft's own
-distribution; `chi_square` tests the tokens that come out against a distribution.
+same blocks. `sampled_outcomes` replays `verify_drafts` on a draft picked for sure (prompt
+lookup's), `draft_outcomes` on drafts drawn from a draft's own distribution; `chi_square`
+tests the tokens that come out against a distribution.
 """
 
 from __future__ import annotations
@@ -84,6 +86,22 @@ def shared_blocks(engine: Engine) -> list[SharedBlocks]:
             )  # fmt: skip
         )
     return rows
+
+
+def sampled_outcomes(
+    logits: torch.Tensor, draft: int, params: SamplingParams, trials: int, seed: int = 0
+) -> tuple[int, Counter[int]]:
+    """`verify_drafts` on one draft, `trials` times with one seeded generator, `logits` the
+    distribution at the draft's position: how often the draft was kept, and how often each
+    token came out first (the draft when kept, else the replacement)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.stack([logits, logits])  # the second row only matters when the draft is kept
+    kept, first = 0, Counter[int]()
+    for _ in range(trials):
+        tokens = verify_drafts(rows, [draft], params, generator)
+        kept += len(tokens) == 2
+        first[tokens[0]] += 1
+    return kept, first
 
 
 def draft_outcomes(
