@@ -28,12 +28,11 @@ import torch
 import llmengine
 from llmengine.bench.throughput import machine_description
 from llmengine.lessons.artifacts import markdown_table, write_report
-from llmengine.lessons.speculation import (
-    PROMPTS,
+from llmengine.lessons.speculation import PROMPTS, generate_counted
+from llmengine.lessons.speculation_cost import (
     SPEED_FORMATS,
     SPEED_HEADERS,
     faster_or_slower,
-    generate_counted,
     speed_rows,
     time_runs,
 )

@@ -1,25 +1,35 @@
 """Lesson 28's exercises: each checker right on the answer worked out here by another route
 (the suffixes searched by hand, the forwards replayed from the plain greedy text, the
-probability from `math.exp` after cutting to the top 3 logits), wrong on another, unanswered
-on None."""
+probability from `math.exp` after cutting to the top 3 logits, the draft rule's chances from
+the overlap and residual by hand and by sampling `verify_drafts`), wrong on another,
+unanswered on None."""
 
 from __future__ import annotations
 
 import math
 
+import torch
+
 import llmengine
+from llmengine import SamplingParams
+from llmengine.lessons.draft_model import draft_outcomes
 from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.exercises.lesson_28 import (
+    DRAFT_P,
+    DRAFT_Q,
     LOOKUP_K,
     LOOKUP_TOKENS,
+    REFUSAL_TOKEN,
     RUN_K,
     RUN_PROMPT,
     RUN_TOKENS,
     TOY_DRAFT,
     TOY_LOGITS,
+    check_draft_kept,
     check_forwards,
     check_keep_probability,
     check_proposal,
+    check_refusal_token,
 )
 from llmengine.lessons.speculation import generate_counted, replay_guesses
 
@@ -65,3 +75,22 @@ def test_keep_probability() -> None:
     everything = math.exp(TOY_LOGITS[TOY_DRAFT]) / sum(math.exp(value) for value in TOY_LOGITS)
     assert check_keep_probability(everything).right is False  # top_k forgotten
     assert check_keep_probability(None).right is None
+
+
+def test_draft_rule_exercises_agree_with_verify_drafts() -> None:
+    """The right answers from the overlap and residual by hand, and `verify_drafts` sampled
+    on drafts drawn from q lands within a few standard errors of them."""
+    right_kept = sum(min(p, q) for p, q in zip(DRAFT_P, DRAFT_Q, strict=True))
+    residual = [max(p - q, 0.0) for p, q in zip(DRAFT_P, DRAFT_Q, strict=True)]
+    right_token = residual[REFUSAL_TOKEN] / sum(residual)
+    trials = 3000
+    p_logits, q_logits = torch.tensor(DRAFT_P).log(), torch.tensor(DRAFT_Q).log()
+    kept, _ = draft_outcomes(p_logits, q_logits, SamplingParams(temperature=1.0), trials)
+    assert abs(kept / trials - right_kept) < 4 * math.sqrt(right_kept * (1 - right_kept) / trials)
+    assert check_draft_kept(right_kept).right is True
+    assert check_draft_kept(1 - right_kept).right is False  # the refusal chance
+    assert check_draft_kept(DRAFT_P[1]).right is False  # p(d) alone, as if q were certain
+    assert check_draft_kept(None).right is None
+    assert check_refusal_token(right_token).right is True
+    assert check_refusal_token(DRAFT_P[REFUSAL_TOKEN]).right is False  # drawn from p itself
+    assert check_refusal_token(None).right is None

@@ -1,10 +1,13 @@
 """Lesson 28: the committed reports say what the lesson claims (greedy text unchanged at every
-k, fewer forwards, later positions of a guess kept less often), and its helpers count, replay,
-time and draw what the lesson says they do."""
+k and with every proposer, fewer forwards, later positions of a guess kept less often), and
+its helpers count, replay, time, draw and test what the lesson says they do: step times and
+the proposer's share of them, a draft model's forwards and its K/V in the target's blocks,
+the draft rule's output distribution and the chi-square that tells it from a wrong rule's."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,22 +16,36 @@ from matplotlib.figure import Figure
 
 import llmengine
 from llmengine import Engine, SamplingParams
+from llmengine.lessons.draft_model import (
+    chi_square,
+    draft_outcomes,
+    refused_from_p,
+    sampled_outcomes,
+    shared_blocks,
+)
 from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.speculation import (
     PROMPTS,
     Position,
     acceptance_by_position,
-    faster_or_slower,
+    engine_for,
     generate_counted,
     guess_lengths,
     matched_suffix,
     plot_acceptance,
     plot_speedups,
     replay_guesses,
-    sampled_outcomes,
+)
+from llmengine.lessons.speculation_cost import (
+    SpeculationCost,
+    StepTimes,
+    faster_or_slower,
+    speculation_cost,
     speed_rows,
     time_runs,
+    time_steps,
 )
+from llmengine.speculative.draft import save_self_draft
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = llmengine.load_tokenizer()
@@ -144,3 +161,98 @@ def test_the_figures_draw() -> None:
     model = embedded_model("eager")
     speeds = speed_rows(time_runs(model, PROMPT_IDS, (1, 2), (None, 1), 4, rounds=1))
     assert isinstance(plot_speedups(speeds, "t"), Figure)
+
+
+def test_speculation_cost_reads_the_step_times() -> None:
+    plain = [StepTimes([0.010, 0.004, 0.004, 0.004], [False] * 4, 0.0),
+             StepTimes([0.010, 0.005, 0.005, 0.005], [False] * 4, 0.0)]  # fmt: skip
+    drafted = [False, False, True, False]
+    guessing = [StepTimes([0.010, 0.004, 0.006, 0.004], drafted, 0.001),
+                StepTimes([0.010, 0.005, 0.007, 0.004], drafted, 0.003)]  # fmt: skip
+    cost = SpeculationCost(plain, guessing)
+    assert cost.difference == pytest.approx(0.025 - 0.0235)  # medians of the run totals
+    assert cost.spread == pytest.approx(0.003)  # the plain rounds: 0.022 to 0.025
+    assert cost.drafted_forwards == 1
+    assert cost.drafted_extra == pytest.approx(0.0065 - 0.004)  # medians, prefill left out
+    assert cost.proposing == pytest.approx(0.002)
+    assert cost.counted == pytest.approx(0.002 + 0.0025)
+
+
+def test_time_steps_and_speculation_cost_on_a_run() -> None:
+    model = embedded_model("eager")
+    steps = time_steps(model, PROMPT_IDS[:1], 12, 3)
+    run = generate_counted(model, PROMPT_IDS[:1], 12, 3)
+    assert len(steps.seconds) == run.forwards and sum(steps.drafted) == len(run.drafts)
+    assert 0 < steps.proposing < steps.total
+    plain = time_steps(model, PROMPT_IDS[:1], 12, None)
+    assert not any(plain.drafted) and plain.proposing < plain.total / 100  # a no-op proposer
+    cost = speculation_cost(model, PROMPT_IDS[:1], 12, 3, rounds=2)
+    assert len(cost.plain) == len(cost.guessing) == 2 and cost.spread >= 0
+
+
+@pytest.fixture(scope="module")
+def one_layer_draft(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("self-draft") / "one"
+    return str(save_self_draft(llmengine.embedded_model_path(), folder, 1))
+
+
+def test_a_draft_run_counts_its_draft_forwards(one_layer_draft: str) -> None:
+    model = embedded_model("eager")
+    run = generate_counted(model, PROMPT_IDS[:1], TOKENS, 3, one_layer_draft)
+    assert run.outputs == generate_counted(model, PROMPT_IDS[:1], TOKENS).outputs
+    # one forward over the row's new tokens at every step, one more per draft after the first
+    assert run.draft_forwards == run.forwards + sum(proposed - 1 for proposed, _ in run.drafts)
+    assert generate_counted(model, PROMPT_IDS[:1], TOKENS, 3).draft_forwards == 0
+
+
+def test_the_draft_shares_the_targets_blocks(one_layer_draft: str) -> None:
+    model = embedded_model("eager")
+    engine = engine_for(model, PROMPT_IDS[:2], TOKENS, 3, one_layer_draft)
+    engine.add_requests(PROMPT_IDS[:2], SamplingParams(max_tokens=TOKENS, ignore_eos=True))
+    for _ in range(4):
+        engine.step()
+    shared = shared_blocks(engine)
+    assert [s.block_ids for s in shared] == [
+        list(request.block_table.block_ids) for request in engine.scheduler.running
+    ]
+    for s, request in zip(shared, engine.scheduler.running, strict=True):
+        assert s.target_positions == len(request.token_ids) - 1 >= s.draft_positions > 0
+        assert s.largest_difference < 1e-4  # the draft's one layer is the target's first
+    with pytest.raises(ValueError, match="no draft model"):
+        shared_blocks(engine_for(model, PROMPT_IDS[:1], TOKENS, 3))
+
+
+def test_the_draft_rule_gives_p_and_the_test_tells_a_wrong_rule() -> None:
+    p_logits, q_logits = torch.tensor([1.0, 0.0, -0.5, 0.5]), torch.tensor([-1.0, 1.0, 0.0, 0.5])
+    params = SamplingParams(temperature=1.0)
+    p, q = torch.softmax(p_logits, dim=-1), torch.softmax(q_logits, dim=-1)
+    kept, first = draft_outcomes(p_logits, q_logits, params, 3000, seed=1)
+    overlap = float(torch.minimum(p, q).sum())
+    assert abs(kept / 3000 - overlap) < 4 * math.sqrt(overlap * (1 - overlap) / 3000)
+    assert chi_square(first, p).p_value > 0.001
+    wrong = refused_from_p(p, q)
+    assert float(wrong.sum()) == pytest.approx(1.0)
+    assert chi_square(first, wrong).p_value < 0.001
+
+
+def test_chi_square_against_known_values() -> None:
+    fair = torch.full((4,), 0.25)
+    exact = chi_square(Counter({0: 25, 1: 25, 2: 25, 3: 25}), fair)
+    assert exact.statistic == 0.0 and exact.degrees == 3 and exact.p_value == pytest.approx(1.0)
+    skewed = chi_square(Counter({0: 40, 1: 20, 2: 20, 3: 20}), fair)
+    assert skewed.statistic == pytest.approx(12.0)  # (15² + 3 · 5²) / 25
+    assert skewed.p_value == pytest.approx(0.00738, rel=1e-3)  # chi2.sf(12, 3)
+    # tokens expected fewer than 5 times share one bin, folded into the last when still too few
+    tail = torch.tensor([0.5, 0.3, 0.04, 0.04, 0.04, 0.04, 0.04])
+    shared = chi_square(Counter({0: 50, 1: 30, 2: 20}), tail)
+    assert shared.degrees == 2 and shared.statistic == pytest.approx(0.0)
+    folded = chi_square(Counter({0: 90, 1: 4, 2: 3, 3: 3}), torch.tensor([0.9, 0.06, 0.02, 0.02]))
+    assert folded.degrees == 1 and folded.statistic == pytest.approx(0.0)
+
+
+def test_the_draft_tables_keep_the_text() -> None:
+    rows = table_rows("speculation-draft-model")
+    assert [row[0] for row in rows][0] == "prompt lookup" and len(rows) == 3
+    assert all(row[-1] == "8/8" for row in rows)
+    shares = [float(row[-1]) for row in table_rows("speculation-draft-rule")]
+    assert sum(shares) == pytest.approx(1.0, abs=0.01)

@@ -1,34 +1,30 @@
-"""Lesson 28's measurements and figures: speculative decoding by prompt lookup, counted and timed.
+"""Lesson 28's counts and figures: speculative decoding by prompt lookup, counted.
 
 `generate_counted` runs prompts to completion on a fresh engine, with or without n-gram
 speculation, and keeps what a lesson counts: the outputs, the forwards, the positions they
 computed, and every drafting row's (proposed, accepted) pair. `acceptance_by_position` turns
-those pairs into the share of guesses kept at each position of a guess. `time_runs` times
-the same runs with the configurations interleaved round by round, and `speed_rows` reduces
-them to one row per batch size and k, which `scripts/bench_speculative.py` writes too.
-`sampled_outcomes` replays the sampled rule of `verify_drafts` on a toy distribution.
+those pairs into the share of guesses kept at each position of a guess. The wall clock is
+`llmengine.lessons.speculation_cost`'s, the sampled rule `llmengine.lessons.draft_model`'s.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from llmengine.engine import Engine
 from llmengine.kv.blocks import blocks_for_length
 from llmengine.model.llama import Llama
 from llmengine.params import SamplingParams
 from llmengine.speculative.ngram import MAX_NGRAM, MIN_NGRAM, propose_ngram
-from llmengine.speculative.verify import verify_drafts
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from llmengine.lessons.speculation_cost import Speed
 
 # Character names the Tiny-Shakespeare model knows: each opens a speech.
 PROMPTS = ("ROMEO:\n", "JULIET:\n", "KING HENRY:\n", "First Citizen:\n", "HAMLET:\n",
@@ -46,7 +42,8 @@ class Run:
     step (after the scheduler cut them to the request's budget); `positions` sums the
     positions every forward computed (prompts, decode rows and drafts). `streams` gives, for
     each prompt, the forwards its request took part in: the forwards it would take alone,
-    since greedy drafts depend on the request's own tokens only."""
+    since greedy drafts depend on the request's own tokens only. `draft_forwards` counts a
+    draft model's forwards (0 for prompt lookup, which runs none)."""
 
     k: int | None
     outputs: list[list[int]]
@@ -55,6 +52,7 @@ class Run:
     positions: int
     drafts: list[tuple[int, int]]
     seconds: float
+    draft_forwards: int = 0
 
     @property
     def tokens(self) -> int:
@@ -106,6 +104,14 @@ def generate_counted(
     forwards = positions = 0
     drafts: list[tuple[int, int]] = []
     rows: Counter[int] = Counter()
+    draft_forwards = 0
+    if engine.runner.drafter is not None:  # every draft forward embeds its tokens once
+
+        def count_forward(*_: object) -> None:
+            nonlocal draft_forwards
+            draft_forwards += 1
+
+        engine.runner.drafter.model.embed_tokens.register_forward_hook(count_forward)
     start = time.perf_counter()
     ids = engine.add_requests(prompts, params)
     while engine.has_unfinished():
@@ -116,7 +122,8 @@ def generate_counted(
         rows.update(outcome.row_positions.keys())
     seconds = time.perf_counter() - start
     outputs = [engine.release(request_id).output_token_ids for request_id in ids]
-    return Run(k, outputs, forwards, [rows[i] for i in ids], positions, drafts, seconds)
+    streams = [rows[i] for i in ids]
+    return Run(k, outputs, forwards, streams, positions, drafts, seconds, draft_forwards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,112 +195,6 @@ def replay_guesses(prompt: Sequence[int], output: Sequence[int], k: int) -> list
         guesses.append(Guess(at, matched_suffix(context, k) if guess else 0, guess, kept))
         at += kept + 1
     return guesses
-
-
-# -- wall clock ------------------------------------------------------------------------------
-
-
-def time_runs(
-    model: Llama,
-    prompts: Sequence[Sequence[int]],
-    batches: Sequence[int],
-    ks: Sequence[int | None],
-    max_tokens: int,
-    rounds: int,
-) -> dict[tuple[int, int | None], list[Run]]:
-    """`generate_counted` for the first `batch` prompts at each k (None: no speculation),
-    `rounds` times each, the configurations interleaved within every round so that a slow
-    spell of the machine hits them all; one untimed run of each comes first (a warm-up that
-    also lets measured kernels time every row count the timed runs meet)."""
-    configurations = [(batch, k) for batch in batches for k in ks]
-    for batch, k in configurations:
-        generate_counted(model, prompts[:batch], max_tokens, k)
-    timed: dict[tuple[int, int | None], list[Run]] = {key: [] for key in configurations}
-    for _ in range(rounds):
-        for batch, k in configurations:
-            timed[batch, k].append(generate_counted(model, prompts[:batch], max_tokens, k))
-    return timed
-
-
-@dataclass(frozen=True, slots=True)
-class Speed:
-    """One batch size and k, timed: the median of the rounds, set against no speculation.
-
-    `forward_cost` is the median time of one forward over that of a forward without
-    speculation at the same batch size: what checking the drafts adds to each forward."""
-
-    batch: int
-    k: int | None
-    forwards: int
-    tokens: int
-    acceptance: float
-    tokens_per_s: float
-    forward_ms: float
-    forward_cost: float
-    speedup: float
-
-    def row(self) -> list[object]:
-        return [self.batch, "none" if self.k is None else self.k, self.forwards,
-                self.tokens / self.forwards, self.acceptance, self.tokens_per_s,
-                self.forward_ms, self.forward_cost, self.speedup]  # fmt: skip
-
-
-SPEED_HEADERS = ("batch", "k", "forwards", "tokens per forward", "drafts kept", "tokens/s",
-                 "ms per forward", "forward / forward without", "speed-up")  # fmt: skip
-SPEED_FORMATS = ("d", "", "d", ".2f", ".1%", ",.0f", ".2f", ".2f", ".2f")
-
-
-def speed_rows(timed: Mapping[tuple[int, int | None], list[Run]]) -> list[Speed]:
-    """One `Speed` per configuration of `time_runs` (which must include k=None for each
-    batch size), in its order."""
-    speeds = []
-    for (batch, k), runs in timed.items():
-        base = timed[batch, None]
-        seconds = statistics.median(run.seconds for run in runs)
-        base_seconds = statistics.median(run.seconds for run in base)
-        forward_ms = 1e3 * seconds / runs[0].forwards
-        base_forward_ms = 1e3 * base_seconds / base[0].forwards
-        speeds.append(
-            Speed(
-                batch,
-                k,
-                runs[0].forwards,
-                runs[0].tokens,
-                runs[0].acceptance,
-                runs[0].tokens / seconds,
-                forward_ms,
-                forward_ms / base_forward_ms,
-                base_seconds / seconds,
-            )  # fmt: skip
-        )
-    return speeds
-
-
-def faster_or_slower(speedup: float) -> str:
-    """`speedup` (time without / time with) as a comparison that a reference completes:
-    "1.40x faster than", "1.25x slower than", or "as fast as" within half a percent."""
-    if abs(speedup - 1) < 0.005:
-        return "as fast as"
-    return f"{speedup:.2f}x faster than" if speedup > 1 else f"{1 / speedup:.2f}x slower than"
-
-
-# -- the sampled rule ------------------------------------------------------------------------
-
-
-def sampled_outcomes(
-    logits: torch.Tensor, draft: int, params: SamplingParams, trials: int, seed: int = 0
-) -> tuple[int, Counter[int]]:
-    """`verify_drafts` on one draft, `trials` times with one seeded generator, `logits` the
-    distribution at the draft's position: how often the draft was kept, and how often each
-    token came out first (the draft when kept, else the replacement)."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.stack([logits, logits])  # the second row only matters when the draft is kept
-    kept, first = 0, Counter[int]()
-    for _ in range(trials):
-        tokens = verify_drafts(rows, [draft], params, generator)
-        kept += len(tokens) == 2
-        first[tokens[0]] += 1
-    return kept, first
 
 
 # -- figures ---------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Lesson 28's exercises: what prompt lookup guesses, what a run with guesses costs in forwards,
-and how often the sampled rule keeps a guess.
+how often the sampled rule keeps a guess, and what it does with a draft model's.
 
 The checkers ask the engine's own code: `propose_ngram`, a greedy run of the embedded model
-with n-gram speculation (forwards counted step by step), and the sampler's own distribution
-(`candidate_distribution`, the one `verify_drafts` draws from); nothing is timed.
+with n-gram speculation (forwards counted step by step), the sampler's own distribution
+(`candidate_distribution`, the one `verify_drafts` draws from), and, for a draft drawn from
+a distribution q, the chances `verify_drafts`'s rule gives; nothing is timed.
 """
 
 from __future__ import annotations
@@ -88,4 +89,55 @@ def check_keep_probability(answer: float | None) -> Verdict:
         tolerance=0.01,
         explain="top_k=3 drops the last token before the softmax, so p(1) = e^1 / (e^2 + e^1 + "
         "e^0.5); the rule keeps the draft with exactly that chance.",
+    )
+
+
+DRAFT_Q = (0.2, 0.6, 0.1, 0.1)  # the draft model's distribution
+DRAFT_P = (0.5, 0.3, 0.15, 0.05)  # the target's
+REFUSAL_TOKEN = 0
+
+
+def draft_kept_probability(p: tuple[float, ...] = DRAFT_P, q: tuple[float, ...] = DRAFT_Q) -> float:
+    """The chance `verify_drafts` keeps a draft drawn from q: each draft d comes with
+    probability q(d) and is kept with probability min(1, p(d) / q(d))."""
+    return sum(qd * min(1.0, pd / qd) for pd, qd in zip(p, q, strict=True) if qd > 0)
+
+
+def refusal_distribution(
+    p: tuple[float, ...] = DRAFT_P, q: tuple[float, ...] = DRAFT_Q
+) -> list[float]:
+    """What a refusal draws from: the positive part of p - q, renormalised."""
+    residual = [max(pd - qd, 0.0) for pd, qd in zip(p, q, strict=True)]
+    return [share / sum(residual) for share in residual]
+
+
+def check_draft_kept(answer: float | None) -> Verdict:
+    """Exercise 4: the chance a draft drawn from DRAFT_Q is kept against DRAFT_P (within 1%)."""
+    what = (
+        f"the chance of keeping a draft drawn from q = {list(DRAFT_Q)} against p = {list(DRAFT_P)}"
+    )
+    if answer is None:
+        return check_value(None, None, what=what)
+    return check_value(
+        answer,
+        draft_kept_probability(),
+        what=what,
+        tolerance=0.01,
+        explain="Summed over the drafts d, q(d) · min(1, p(d) / q(d)) = Σ min(p(d), q(d)): the "
+        "overlap of the two distributions.",
+    )
+
+
+def check_refusal_token(answer: float | None) -> Verdict:
+    """Exercise 5: the chance a refusal writes token REFUSAL_TOKEN (within 1%)."""
+    what = f"the chance a refusal writes token {REFUSAL_TOKEN}"
+    if answer is None:
+        return check_value(None, None, what=what)
+    return check_value(
+        answer,
+        refusal_distribution()[REFUSAL_TOKEN],
+        what=what,
+        tolerance=0.01,
+        explain="A refusal draws from (p - q)+ renormalised: only the tokens where p exceeds q, "
+        "in proportion to how much it exceeds it.",
     )
