@@ -310,3 +310,29 @@ def test_a_rank_that_hangs_makes_the_engine_raise_after_the_timeout(gqa_untied: 
     finally:
         engine.close()
     assert not any(worker.is_alive() for worker in engine.workers)
+
+
+def test_workers_take_the_starting_process_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawned rank would start on torch's default thread count; it is handed this one."""
+    from llmengine.parallel import engine as parallel_engine
+
+    started: list[tuple] = []
+
+    class Recorded:
+        def __init__(self, target: Any, args: tuple, daemon: bool) -> None:
+            started.append(args)
+
+        def start(self) -> None:
+            pass
+
+    class Context:
+        Process = Recorded
+
+    monkeypatch.setattr(parallel_engine.mp, "get_context", lambda method: Context)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        parallel_engine._start_workers(Cluster(3), range(1, 3), None, {}, None, 5.0)
+    finally:
+        torch.set_num_threads(before)
+    assert [args[-1] for args in started] == [1, 1]

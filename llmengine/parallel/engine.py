@@ -138,8 +138,8 @@ def start_tensor_parallel(
     node 0 this is (the other nodes run `run_worker_node`). `options` are the `EngineConfig`
     fields, the same on every rank. Each rank loads only its slice of the checkpoint at
     `path` (None: the embedded model), in `dtype`, its products prepared with `kernels` and
-    `quantization` as `load_model` does. Use it as a context manager, or call `close()`, so
-    the workers stop.
+    `quantization` as `load_model` does, on as many threads as this process uses. Use it as a
+    context manager, or call `close()`, so the workers stop.
     """
     cluster = _cluster(tensor_parallel_size)
     if cluster.node_rank != 0:
@@ -209,10 +209,21 @@ def _start_workers(
     timeout_s: float,
 ) -> list[mp.Process]:
     context = mp.get_context("spawn")
+    # A spawned process starts on torch's default thread count, not on the one this process
+    # chose: handing it over keeps the ranks of one machine from crowding each other's cores.
+    threads = torch.get_num_threads()
     workers = [
         context.Process(
             target=_run_worker,
-            args=(Shard(rank, cluster.size), cluster.init_method, path, load, config, timeout_s),
+            args=(
+                Shard(rank, cluster.size),
+                cluster.init_method,
+                path,
+                load,
+                config,
+                timeout_s,
+                threads,
+            ),
             daemon=True,
         )
         for rank in ranks
@@ -251,8 +262,11 @@ def _run_worker(
     load: dict[str, Any],
     config: EngineConfig,
     timeout_s: float,
+    threads: int,
 ) -> None:
-    """A worker's life: join the group, load its slice, run every step rank 0 sends."""
+    """A worker's life: take the starting process's thread count, join the group, load its
+    slice, run every step rank 0 sends."""
+    torch.set_num_threads(threads)
     _join_group(shard, init_method, timeout_s)
     model = load_model(path, shard=shard, **load)
     add_all_reduces(model)
