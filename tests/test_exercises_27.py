@@ -10,9 +10,9 @@ from llmengine import Constraint, Engine, SamplingParams
 from llmengine.lessons.exercises import embedded_model
 from llmengine.lessons.exercises.lesson_27 import (
     OPTIONS,
-    check_date_regex,
     check_first_step_allowed,
     check_grammar_forced_steps,
+    check_time_regex,
     first_step_allowed,
 )
 from llmengine.lessons.grammar_mask import PERSON_SCHEMA, PROMPT
@@ -36,14 +36,14 @@ def test_first_step_allowed() -> None:
     assert first_step_allowed(("yes", "no", "perchance")) == prefixes_of(("yes", "no", "perchance"))
 
 
-def test_date_regex() -> None:
-    assert check_date_regex(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])").right is True
-    assert check_date_regex(r"(0[1-9]|[12]\d|3[01])/(0[1-9]|1[012])").right is True
-    assert check_date_regex(r"[0-9]{2}/[0-9]{2}").right is False  # lets 32/01 through
-    assert check_date_regex(r"(0[1-9]|[12][0-9])/(0[1-9]|1[0-2])").right is False  # no 31st
-    assert check_date_regex(r"[0-9]{2}-[0-9]{2}").right is False  # the model writes a dash
-    assert check_date_regex(r"(").right is False
-    assert check_date_regex(None).right is None
+def test_time_regex() -> None:
+    assert check_time_regex(r"([01][0-9]|2[0-3]):[0-5][0-9]").right is True
+    assert check_time_regex(r"([01]\d|2[0-3]):[0-5]\d").right is True
+    assert check_time_regex(r"[0-9]{2}:[0-9]{2}").right is False  # lets 24:00 through
+    assert check_time_regex(r"[01][0-9]:[0-5][0-9]").right is False  # no evening
+    assert check_time_regex(r"[0-9]{2}-[0-9]{2}").right is False  # the model writes a dash
+    assert check_time_regex(r"(").right is False
+    assert check_time_regex(None).right is None
 
 
 def test_grammar_forced_steps() -> None:

@@ -26,9 +26,9 @@ from llmengine.params import SamplingParams
 from llmengine.structured.constraint import Constraint
 
 OPTIONS = ("ROMEO", "JULIET", "NURSE")
-DATE = re.compile(r"(0[1-9]|[12][0-9]|3[01])/(0[1-9]|1[0-2])")
-NOT_DATES = ("00/05", "32/01", "40/10", "12/13", "12/00", "1/12", "12/1", "12-12", "12/12/12",
-             "ab/cd", "")  # fmt: skip
+TIME = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
+NOT_TIMES = ("24:00", "29:15", "23:60", "12:75", "7:05", "07:5", "07-05", "12:30:00", "ab:cd",
+             "")  # fmt: skip
 
 
 @functools.cache
@@ -65,33 +65,33 @@ def greedy_under(pattern: str, max_tokens: int = 16) -> str:
     return engine.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-def judge_date_regex(pattern: str) -> tuple[bool, str]:
-    """Right when the model's greedy answer under `pattern` is a date DD/MM, and the pattern
-    itself (read by Python's `re`, whose syntax agrees with llguidance's here) matches every
-    day 01-31 of every month 01-12 and none of a list of near misses."""
+def judge_time_regex(pattern: str) -> tuple[bool, str]:
+    """Right when the model's greedy answer under `pattern` is a time HH:MM on a 24-hour
+    clock, and the pattern itself (read by Python's `re`, whose syntax agrees with
+    llguidance's here) matches every minute of the day and none of a list of near misses."""
     try:
         compiled = re.compile(pattern)
         answer = greedy_under(pattern)
     except (re.error, ValueError) as error:
         return False, f"The pattern does not compile: {str(error).splitlines()[0]}"
-    if not DATE.fullmatch(answer):
-        return False, f"Under it the model writes {answer!r}, which is not a date DD/MM."
-    dates = [f"{day:02d}/{month:02d}" for day in range(1, 32) for month in range(1, 13)]
-    missed = [date for date in dates if not compiled.fullmatch(date)]
+    if not TIME.fullmatch(answer):
+        return False, f"Under it the model writes {answer!r}, which is not a time HH:MM."
+    times = [f"{hour:02d}:{minute:02d}" for hour in range(24) for minute in range(60)]
+    missed = [time for time in times if not compiled.fullmatch(time)]
     if missed:
         return False, f"The model writes {answer!r}, but the pattern refuses {missed[0]!r}."
-    let_through = [text for text in NOT_DATES if compiled.fullmatch(text)]
+    let_through = [text for text in NOT_TIMES if compiled.fullmatch(text)]
     if let_through:
         return (
             False,
             f"The model writes {answer!r}, but the pattern also allows {let_through[0]!r}.",
         )
-    return True, f"The model writes {answer!r}, and the pattern allows exactly the dates DD/MM."
+    return True, f"The model writes {answer!r}, and the pattern allows exactly the times HH:MM."
 
 
-def check_date_regex(answer: str | None) -> Verdict:
-    """Exercise 2: a regular expression that makes the model answer with a date DD/MM."""
-    return check_with(answer, judge_date_regex, what="a regex for a date DD/MM")
+def check_time_regex(answer: str | None) -> Verdict:
+    """Exercise 2: a regular expression that makes the model answer with a time HH:MM."""
+    return check_with(answer, judge_time_regex, what="a regex for a time HH:MM")
 
 
 def grammar_forced_steps(schema: dict | None = None, max_tokens: int = 120) -> int:
