@@ -50,8 +50,8 @@ def test_waves_reading_counts_each_runs_waves_in_its_own_steps() -> None:
         return HttpRun(records, duration=2.0)
 
     reading = waves_reading({4: run([0.02, 0.03, 0.5, 0.51]), 16: run([0.02, 0.05, 0.1, 0.16])})
-    assert "2 with 4 slots (of 2, 2 requests)" in reading
-    assert "1 with 16 slots (of 4 requests)" in reading
+    assert "2 waves with 4 slots (of 2, 2 requests)" in reading
+    assert "1 wave with 16 slots (of 4 requests)" in reading
 
 
 def test_slots_reading_compares_the_step_with_the_rows() -> None:
@@ -65,6 +65,8 @@ def test_slots_reading_compares_the_step_with_the_rows() -> None:
     bunched = slots_reading(few, summary(None, 900, 125, 12, itl=0.01), (4, 16))
     assert "bunched, so this run does not time the steps" in bunched
     assert "times as long" not in bunched
+    quicker = slots_reading(few, summary(None, 900, 125, 6, itl=6.1), (4, 16))
+    assert "6.1 ms with 16 slots against 7.6 ms with 4: shorter, though it carries 4" in quicker
 
 
 def test_sweep_reading_follows_a_sweep_that_reaches_its_knee() -> None:
@@ -81,6 +83,7 @@ def test_sweep_reading_follows_a_sweep_that_reaches_its_knee() -> None:
     assert "it rises by 29%" in reading
     assert "loses throughput" not in reading
     assert "first more than doubles between 16 and 32 requests per second" in reading
+    assert "and it falls from 4 to 8 requests per second" in reading
 
 
 def test_sweep_reading_follows_a_sweep_below_its_knee() -> None:
@@ -97,6 +100,10 @@ def test_sweep_reading_follows_a_sweep_below_its_knee() -> None:
     falling = sweep_reading(
         [summary(4, 148, 17, 5.8), summary(8, 284, 20, 6.8), summary(16, 160, 226, 15.9)]
     )
+    busy_spell = sweep_reading(
+        [summary(8, 148, 60, 5.8), summary(16, 284, 1689, 6.8), summary(32, 400, 258, 7.0)]
+    )
+    assert "between 8 and 16 requests per second, and it falls from 16 to 32" in busy_spell
     assert (
         "+92%, -44%: each step up buys less than the one before; offering 16 requests per "
         "second instead of 8 loses throughput" in falling

@@ -71,7 +71,8 @@ def waves_reading(runs: Mapping[int, HttpRun]) -> str:
         generating = median(record.e2e - record.ttft for record in run.records)
         sizes = waves([record.ttft for record in run.records], WAVE_GAP_SHARE * generating)
         of = ", ".join(str(size) for size in sizes)
-        parts.append(f"{len(sizes)} with {slots} slots (of {of} requests)")
+        noun = "wave" if len(sizes) == 1 else "waves"
+        parts.append(f"{len(sizes)} {noun} with {slots} slots (of {of} requests)")
     return (
         f"In this run the first tokens come in {' and '.join(parts)}, a new wave starting "
         f"where a first token comes more than {WAVE_GAP_SHARE:.0%} of a request's generating "
@@ -92,11 +93,14 @@ def slots_reading(few: Summary, many: Summary, slots: tuple[int, int]) -> str:
             "chunks reached the client bunched, so this run does not time the steps."
         )
     else:
-        longer = "less than" if many_gap < rows * few_gap else "at least"
+        if many_gap < few_gap:
+            compared = f"shorter, though it carries {rows:g} times as many rows"
+        else:
+            longer = "less than" if many_gap < rows * few_gap else "at least"
+            compared = f"{longer} {rows:g} times as long, for {rows:g} times as many rows"
         steps = (
             f"The median gap between two chunks, one engine step, is {many_gap:.1f} ms with "
-            f"{slots[1]} slots against {few_gap:.1f} ms with {slots[0]}: {longer} {rows:g} "
-            f"times as long, for {rows:g} times as many rows."
+            f"{slots[1]} slots against {few_gap:.1f} ms with {slots[0]}: {compared}."
         )
     return (
         f"In this run the median time to first token is {few['ttft_ms']['p50']:.0f} ms with "
@@ -142,6 +146,12 @@ def sweep_reading(curve: Sequence[Summary]) -> str:
         knee = f"it first more than doubles between {low:g} and {high:g} requests per second"
     else:
         knee = "it never doubles from one offered rate to the next"
+    falls = [i for i in range(len(ttft) - 1) if ttft[i + 1] < ttft[i]]
+    if falls:
+        # Waiting should only grow with the offered rate; a fall says one rate's run met a
+        # busier machine than the next one's.
+        low, high = rates[falls[0]], rates[falls[0] + 1]
+        knee += f", and it falls from {low:g} to {high:g} requests per second"
     moves = "rises" if tpot[-1] > tpot[0] else "falls"
     changes = ", ".join(f"{gain:+.0%}" for gain in gains)
 
