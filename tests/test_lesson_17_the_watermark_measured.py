@@ -142,7 +142,7 @@ def test_lookahead_reserve_on_the_sweep_pools(model: llmengine.Llama) -> None:
         engine_class=LookaheadEngine,
     )
     rows = table_by("watermark-lookahead-pools", "workload", "pool (blocks)")
-    row = rows["Day-34 burst", "12"]
+    row = rows["six-request burst", "12"]
     assert int(row["preemptions, lookahead"]) == cell.timing.preemptions
     assert int(row["iterations, lookahead"]) == cell.timing.iterations
     # Day 33: no admission rule spares a pool that preempts at watermark 0.
@@ -223,10 +223,10 @@ def test_day34_burst_sweep_one_text_and_the_tables(model: llmengine.Llama) -> No
         (8, "1"),
         (8, "4"),
     ]
-    check_bill(cells, "watermark-day34-bill")
-    check_latency(cells, "watermark-day34-latency")
+    check_bill(cells, "watermark-burst-bill")
+    check_latency(cells, "watermark-burst-latency")
     # The watermark-0 rows are Day 34's bill.
-    for (pool, rule), row in table_by("watermark-day34-bill", "pool (blocks)", "rule").items():
+    for (pool, rule), row in table_by("watermark-burst-bill", "pool (blocks)", "rule").items():
         if rule == "0":
             expected = seeds.DAY34[int(pool)]
             assert float(row["occupancy"]) == expected.occupancy
@@ -290,11 +290,11 @@ def test_verdict_rule() -> None:
 def test_verdict_follows_from_the_sweep_tables() -> None:
     verdicts = table_by("watermark-verdict", "workload", "rule")
     bills = {
-        "Day-34 burst": table_by("watermark-day34-bill", "pool (blocks)", "rule"),
+        "six-request burst": table_by("watermark-burst-bill", "pool (blocks)", "rule"),
         "mixed, with arrivals": table_by("watermark-mixed-bill", "pool (blocks)", "rule"),
     }
     latencies = {
-        "Day-34 burst": table_by("watermark-day34-latency", "pool (blocks)", "rule"),
+        "six-request burst": table_by("watermark-burst-latency", "pool (blocks)", "rule"),
         "mixed, with arrivals": table_by("watermark-mixed-latency", "pool (blocks)", "rule"),
     }
     for (workload, rule), row in verdicts.items():

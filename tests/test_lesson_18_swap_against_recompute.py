@@ -1,6 +1,6 @@
 """Lesson 18, swap against recompute: its claims recomputed with the package.
 
-The measured half runs the lesson's workload (the Day-34 burst) through the engine on the
+The measured half runs the lesson's workload (the six-request burst) through the engine on the
 shipped model under both preemption modes; the modelled half checks the cost model's formulas
 on a shape small enough to count by hand, and the claims the lesson draws from them.
 """

@@ -1,7 +1,7 @@
 """Lesson 21, prefix caching: its deterministic tables recomputed with the package.
 
 The shared system prompt runs on the engine and through an in-process server (the lesson's
-live servers run the same app); the Day-34 sweep runs with and without caching, its victims
+live servers run the same app); the six-request burst runs with and without caching, its victims
 watched; `n = 4` goes through a served engine. Each number is checked against the committed
 report and, where the lesson states a rule, against the rule.
 """
@@ -300,7 +300,7 @@ def test_day34_sweep_with_caching_recomputes_less_on_the_same_schedule(
             )
         )
     assert rows == cells(
-        "prefix-day34-sweep",
+        "prefix-burst-sweep",
         "pool (blocks)",
         "preemptions, off",
         "preemptions, on",
@@ -312,7 +312,7 @@ def test_day34_sweep_with_caching_recomputes_less_on_the_same_schedule(
         "recomputed, on",
         "cached, on",
     )
-    at_12 = {row["pool (blocks)"]: row for row in read_report_table("prefix-day34-sweep")}["12"]
+    at_12 = {row["pool (blocks)"]: row for row in read_report_table("prefix-burst-sweep")}["12"]
     assert int(at_12["recomputed, off"]) == seeds.DAY34_RECOMPUTED_AT_12
     assert int(at_12["forward, off"]) == seeds.DAY34_FORWARD_POSITIONS[12]
 
@@ -346,7 +346,7 @@ def test_day34_resumes_at_12_say_what_each_victims_blocks_lived(
             )
         )
     assert rows == cells(
-        "prefix-day34-resumes-at-12",
+        "prefix-burst-resumes-at-12",
         "request",
         "evicted in",
         "back in",
@@ -383,7 +383,7 @@ def test_day34_survival_table_adds_up_the_resumes(
         )
     totals = ("all", *(sum(row[column] for row in rows) for column in range(1, 8)))
     assert [as_text(*row) for row in [*rows, totals]] == cells(
-        "prefix-day34-survival",
+        "prefix-burst-survival",
         "pool (blocks)",
         "resumes",
         "found some",

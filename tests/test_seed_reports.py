@@ -27,7 +27,7 @@ def by_pool(name: str) -> dict[int, dict[str, str]]:
 
 
 def test_lesson_13_pair_of_pools_is_day33s_table() -> None:
-    rows = read_report_table("day33-incremental-allocation")
+    rows = read_report_table("incremental-against-reserve")
     measured = {
         (int(row["pool (tokens)"]), policy_of(row["policy"])): seeds.Day33Row(
             int(row["iterations"]),
@@ -42,13 +42,13 @@ def test_lesson_13_pair_of_pools_is_day33s_table() -> None:
 
 
 def test_lesson_12_day29_shape_pools() -> None:
-    rows = read_report_table("day33-day29-shape")
+    rows = read_report_table("reservation-smallest-pools")
     smallest = {policy_of(row["policy"]): int(list(row.values())[1]) for row in rows}
     assert smallest == seeds.DAY29_SHAPE_SMALLEST_POOL
 
 
 def test_lesson_14_bill_per_pool_is_day34s_table() -> None:
-    rows = by_pool("day34-recompute-bill")
+    rows = by_pool("recompute-bill")
     assert list(rows) == seeds.DAY34_POOLS
     measured = {
         pool: seeds.Day34Row(
@@ -64,7 +64,7 @@ def test_lesson_14_bill_per_pool_is_day34s_table() -> None:
 
 
 def test_lesson_14_rows_cannot_tell_the_pools_apart_and_positions_can() -> None:
-    rows = by_pool("day34-rows-and-positions")
+    rows = by_pool("recompute-rows-and-positions")
     assert {int(row["rows issued"]) for row in rows.values()} == {seeds.DAY34_TOKENS}
     assert {float(row["waste fraction"]) for row in rows.values()} == {0.0}
     positions = {pool: int(rows[pool]["forward positions"]) for pool in (48, 12)}
@@ -76,7 +76,7 @@ def test_lesson_14_rows_cannot_tell_the_pools_apart_and_positions_can() -> None:
 
 
 def test_lesson_14_staircase_at_12_blocks() -> None:
-    rows = read_report_table("day34-staircase")
+    rows = read_report_table("recompute-staircase")
     latencies = [int(row["latency, 12 blocks"]) for row in rows]
     assert latencies == seeds.DAY34_STAIRCASE_AT_12
     assert fmean(latencies) == seeds.DAY34_MEAN_LATENCY_AT_12
@@ -89,14 +89,14 @@ def test_lesson_14_staircase_at_12_blocks() -> None:
 
 
 def test_lesson_14_one_decode_row_against_one_resumed_row() -> None:
-    rows = read_report_table("day34-one-iteration")
+    rows = read_report_table("recompute-one-iteration")
     assert len({row["iteration"] for row in rows}) == 1
     counted = sorted((row["row"], row["rows"], row["positions"], row["recomputed"]) for row in rows)
     assert counted == [("decode", "1", "1", "0"), ("resumed prefill", "1", "13", "13")]
 
 
 def test_lesson_14_in_run_control_group_can_err_either_way() -> None:
-    rows = read_report_table("day34-control-group")
+    rows = read_report_table("recompute-control-group")
     in_run, clean = "victims vs the others in the run (x)", "victims vs themselves at 48 blocks (x)"
     ratios = {
         (int(row["requests"]), int(row["pool (blocks)"])): (float(row[in_run]), float(row[clean]))

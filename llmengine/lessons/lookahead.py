@@ -1,4 +1,4 @@
-"""Day 33's one-step lookahead reserve, built so lesson 17 can watch it run dry.
+"""A one-step lookahead reserve, built so lesson 17 can watch it run dry.
 
 The reserve is an admission rule: admit the head of the queue only if, once its blocks are
 bought, the pool still holds one free block for every running row, the newcomer included.

@@ -1,8 +1,8 @@
 """The stress test: a burst through an engine, aborts on a script, integrity after every step.
 
-Day 34 of the diary ends with the test Week 9 owes: many more requests than slots through a
-pool small enough to preempt constantly, long enough that a request is evicted and resumed
-several times, checking that the text never changes, that no block goes missing and that
+The test worth trusting preemption to: many more requests than slots through a pool small
+enough to preempt constantly, long enough that a request is evicted and resumed several times,
+checking that the text never changes, that no block goes missing and that
 every slot comes back. `run_stress` drives any engine that way (the engine's keyword
 arguments pass straight through, so the same script runs under any policy or preemption
 mode) and keeps what the lesson plots and the tests check: the pool at every step, each

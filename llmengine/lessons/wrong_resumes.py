@@ -1,9 +1,9 @@
 """Two deliberately wrong ways to bring a preempted request back, for lesson 15 to watch fail.
 
 The engine resumes a preempted request over its prompt plus every token it generated, so the
-token it samples next is the one it would have sampled had it never been evicted. Day 33 of
-the diary names the two versions that are easy to write instead, and both still run to
-completion, drain the pool and return a full budget of tokens per request:
+token it samples next is the one it would have sampled had it never been evicted. Two versions
+are easy to write instead, and both still run to completion, drain the pool and return a full
+budget of tokens per request:
 
 - restart: throw the generated tokens away with the K/V and prefill the prompt again;
 - prompt only: keep the generated tokens but prefill only the prompt, so the next token is
