@@ -19,6 +19,8 @@ from llmengine import Engine, SamplingParams
 from llmengine.lessons.draft_model import (
     chi_square,
     draft_outcomes,
+    fit_verdict,
+    kept_share,
     refused_from_p,
     sampled_outcomes,
     shared_blocks,
@@ -133,6 +135,21 @@ def test_sampled_outcomes_follow_p() -> None:
     assert never == 0  # top_k leaves the draft out of p
 
 
+def test_the_chi_square_tells_prompt_lookups_rule_from_a_wrong_one() -> None:
+    logits = torch.tensor([1.5, 1.0, 0.5, 0.0, -1.0])
+    p = torch.softmax(logits, dim=-1)
+    kept, first = sampled_outcomes(logits, 2, SamplingParams(temperature=1.0), 4000, seed=5)
+    assert fit_verdict(chi_square(first, p)).endswith(": the counts fit it")
+    picked_for_sure = torch.zeros(5)
+    picked_for_sure[2] = 1.0
+    left_in = refused_from_p(p, picked_for_sure)  # a refusal's token drawn with the draft in
+    assert float(left_in[2]) == pytest.approx(float(p[2] + (1 - p[2]) * p[2]))
+    assert fit_verdict(chi_square(first, left_in)).endswith(
+        "less than 0.01: the counts do not fit it"
+    )
+    assert kept_share(kept, 4000, float(p[2])).as_predicted
+
+
 def test_time_runs_and_speed_rows() -> None:
     model = embedded_model("eager")
     timed = time_runs(model, PROMPT_IDS, (1, 2), (None, 2), 12, rounds=2)
@@ -233,6 +250,32 @@ def test_the_draft_rule_gives_p_and_the_test_tells_a_wrong_rule() -> None:
     wrong = refused_from_p(p, q)
     assert float(wrong.sum()) == pytest.approx(1.0)
     assert chi_square(first, wrong).p_value < 0.001
+
+
+def test_the_kept_share_tells_a_rule_that_keeps_too_few() -> None:
+    p_logits, q_logits = torch.tensor([1.0, 0.0, -0.5, 0.5]), torch.tensor([-1.0, 1.0, 0.0, 0.5])
+    params = SamplingParams(temperature=1.0)
+    p, q = torch.softmax(p_logits, dim=-1), torch.softmax(q_logits, dim=-1)
+    overlap = float(torch.minimum(p, q).sum())
+    right, _ = draft_outcomes(p_logits, q_logits, params, 3000, seed=2)
+    assert kept_share(right, 3000, overlap).as_predicted
+    assert kept_share(right, 3000, overlap).verdict().endswith("as the rule predicts")
+    # prompt lookup's rule on drafts from q: still p, but it keeps sum(p q) of them, not the overlap
+    wasteful, first = draft_outcomes(p_logits, q_logits, params, 3000, seed=2, told_q=False)
+    assert chi_square(first, p).p_value > 0.001
+    share = kept_share(wasteful, 3000, overlap)
+    assert not share.as_predicted and share.errors < -3
+    assert share.verdict().endswith("fewer drafts kept than predicted")
+    assert kept_share(wasteful, 3000, float((p * q).sum())).as_predicted
+
+
+def test_kept_share_reads_standard_errors() -> None:
+    share = kept_share(530, 1000, 0.5)  # standard error sqrt(0.25 / 1000) = 0.0158
+    assert share.standard_error == pytest.approx(0.015811, rel=1e-4)
+    assert share.errors == pytest.approx(1.897, rel=1e-3) and share.as_predicted
+    assert not kept_share(560, 1000, 0.5).as_predicted  # 3.8 standard errors above
+    assert kept_share(560, 1000, 0.5).verdict().endswith("more drafts kept than predicted")
+    assert kept_share(10, 10, 1.0).as_predicted and not kept_share(9, 10, 1.0).as_predicted
 
 
 def test_chi_square_against_known_values() -> None:

@@ -7,7 +7,8 @@ draft's K/V there agrees with the target's. With a self-draft (`save_self_draft`
 draft's one layer is the target's first, so the two caches hold the same layer-0 K/V in the
 same blocks. `sampled_outcomes` replays `verify_drafts` on a draft picked for sure (prompt
 lookup's), `draft_outcomes` on drafts drawn from a draft's own distribution; `chi_square`
-tests the tokens that come out against a distribution.
+tests the tokens that come out against a distribution, and `kept_share` the share of drafts
+kept against the share a rule predicts (a rule can give the right tokens and keep too few).
 """
 
 from __future__ import annotations
@@ -110,17 +111,21 @@ def draft_outcomes(
     params: SamplingParams,
     trials: int,
     seed: int = 0,
+    told_q: bool = True,
 ) -> tuple[int, Counter[int]]:
     """`trials` times: draw a draft from the draft model's distribution q (`draft_logits`
     under `params`) and check it with `verify_drafts` against `target_logits`, one seeded
-    generator for both. How often the draft was kept, and how often each token came first."""
+    generator for both. How often the draft was kept, and how often each token came first.
+    With `told_q` False the verifier is not given q and applies prompt lookup's rule to the
+    same drafts (keep d with probability p(d)): still p, but fewer drafts kept."""
     generator = torch.Generator().manual_seed(seed)
     q = dense_distribution(draft_logits, params)
+    drawn_from = q.unsqueeze(0) if told_q else None
     rows = torch.stack([target_logits, target_logits])  # the second only matters when kept
     kept, first = 0, Counter[int]()
     for _ in range(trials):
         draft = int(draw_one(q, generator))
-        tokens = verify_drafts(rows, [draft], params, generator, q.unsqueeze(0))
+        tokens = verify_drafts(rows, [draft], params, generator, drawn_from)
         kept += len(tokens) == 2
         first[tokens[0]] += 1
     return kept, first
@@ -165,3 +170,53 @@ def chi_square(counts: Counter[int], probs: torch.Tensor, smallest: float = 5.0)
     degrees = len(bins_expected) - 1
     tail = torch.special.gammaincc(torch.tensor(degrees / 2), torch.tensor(statistic / 2))
     return ChiSquare(statistic, degrees, float(tail) if math.isfinite(statistic) else 0.0)
+
+
+def fit_verdict(test: ChiSquare, level: float = 0.01) -> str:
+    """A chi-square test in words: the statistic, its degrees of freedom, its p-value, and
+    whether the counts fit the distribution (they do not when the p-value is below `level`)."""
+    fits = test.p_value >= level
+    share = f"{test.p_value:.2f}" if fits else f"less than {level}"
+    verdict = "the counts fit it" if fits else "the counts do not fit it"
+    return (
+        f"chi-square {test.statistic:.1f} on {test.degrees} degrees of freedom, "
+        f"p-value {share}: {verdict}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KeptShare:
+    """The share of `trials` drafts kept against the share a rule predicts, measured in the
+    binomial standard error of a share of that many draws at the predicted value: within
+    `within` standard errors the counts agree with the prediction."""
+
+    share: float
+    predicted: float
+    standard_error: float
+    within: float = 3.0
+
+    @property
+    def errors(self) -> float:
+        """How many standard errors the share lies from the prediction (signed)."""
+        difference = self.share - self.predicted
+        if self.standard_error == 0:  # a prediction of 0 or 1: any other share is off
+            return math.copysign(math.inf, difference) if difference else 0.0
+        return difference / self.standard_error
+
+    @property
+    def as_predicted(self) -> bool:
+        return abs(self.errors) <= self.within
+
+    def verdict(self) -> str:
+        """The comparison in words, the verdict chosen by the counts."""
+        apart = f"{abs(self.errors):.1f} standard errors apart (one is {self.standard_error:.3f})"
+        if self.as_predicted:
+            return f"{apart}, within {self.within:g}: as the rule predicts"
+        more_or_fewer = "more" if self.errors > 0 else "fewer"
+        return f"{apart}, more than {self.within:g}: {more_or_fewer} drafts kept than predicted"
+
+
+def kept_share(kept: int, trials: int, predicted: float) -> KeptShare:
+    """`kept` of `trials` drafts kept, against a rule's predicted share of them."""
+    standard_error = math.sqrt(predicted * (1 - predicted) / trials)
+    return KeptShare(kept / trials, predicted, standard_error)

@@ -85,6 +85,9 @@ class DraftModel:
         paged = [self._catch_up_row(row) for row in rows]
         logits = paged_forward(self.model, self.cache, paged)
         guessing = [index for index, row in enumerate(rows) if row.draft_token_ids]
+        # The catch-up reached each row's last token. The guessing forwards below write K/V
+        # past it but are not counted: the next catch-up starts here and computes the kept
+        # drafts again.
         for row in rows:
             self._computed[row.request.request_id] = row.end_position - len(row.draft_token_ids)
         if not guessing:
@@ -122,9 +125,11 @@ class DraftModel:
                 self.probs[row.request.request_id] = torch.stack(probs[index])
 
     def _catch_up_row(self, row: ScheduledRow) -> PagedRow:
-        """The draft's row: the target's own tokens of the row, from the first position the
-        draft has not computed (a kept last draft of the step before, at most), without the
-        drafts, which the draft computes one at a time."""
+        """The draft's row: the request's tokens up to the row's drafts (which the draft
+        guesses one at a time), from the row's start for a prefill, else from the end of the
+        draft's last catch-up for the request. On a decode row that is the drafts the target
+        kept at the step before and the token it added: the draft computed up to k - 1 of
+        those kept drafts while guessing them and computes them again here, a known cost."""
         request = row.request
         end = row.end_position - len(row.draft_token_ids)
         start = row.start_position
