@@ -1,6 +1,6 @@
-"""The peers report (`make peers`) as tables and a figure, for the script and for lesson 24.
+"""The peers report (`make peers`) as tables and a figure, for the script and for lesson 25.
 
-`scripts/peers.py` renders its rows here; lesson 24 reads the committed
+`scripts/peers.py` renders its rows here; lesson 25 reads the committed
 `reports/wallclock/peers.md` back (`read_report`) and draws the same figure from it, labelled
 with the machine the report names, without building or running any peer.
 """

@@ -1,4 +1,4 @@
-"""Lesson 24's limits of a machine, and a decode step measured against them.
+"""Lessons 24 and 25's limits of a machine, and a decode step measured against them.
 
 A decode step multiplies every position by every weight. With few rows, each weight read from
 memory serves few multiplications, so the step can go no faster than the weights stream in:
@@ -36,10 +36,19 @@ def _fastest(run: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def read_bandwidth(working_set: int, repeats: int = 5) -> float:
+    """Bytes per second a sum over `working_set` bytes of float32 reads, on torch's threads.
+
+    Summed again and again, a working set that fits in the last-level cache is read from the
+    cache; one far larger streams from DRAM on every pass.
+    """
+    data = torch.ones(working_set // 4)
+    return data.numel() * 4 / _fastest(data.sum, repeats)
+
+
 def memory_read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes per second a sum over a float32 tensor far larger than any cache reads."""
-    data = torch.ones(megabytes * 2**20 // 4)
-    return data.numel() * 4 / _fastest(data.sum, repeats)
+    return read_bandwidth(megabytes * 2**20, repeats)
 
 
 def matrix_product_rate(size: int = 1024, repeats: int = 5) -> float:

@@ -174,12 +174,13 @@ def convert(llama: LlamaCpp, checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def parse_batched_bench(text: str) -> dict[int, float]:
+def parse_batched_bench(text: str, seconds: str = "t") -> dict[int, float]:
     """Generated tokens per second by number of sequences, from `--output-format jsonl`.
 
-    Each JSON line has `pl` sequences of `pp` prompt tokens and `tg` generated tokens, and `t`
-    seconds for the whole (prompt and generation): tok/s is `pl * tg / t`, what the other
-    engines report for a call that serves the same requests.
+    Each JSON line has `pl` sequences of `pp` prompt tokens and `tg` generated tokens, `t`
+    seconds for the whole (prompt and generation) and `t_tg` for the generation alone. With
+    `seconds="t"`, tok/s is `pl * tg / t`, what the other engines report for a call that
+    serves the same requests; with `seconds="t_tg"` it is the decode steps' speed alone.
     """
     speeds = {}
     for line in text.splitlines():
@@ -190,8 +191,8 @@ def parse_batched_bench(text: str) -> dict[int, float]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and {"pl", "tg", "t"} <= row.keys() and row["t"] > 0:
-            speeds[int(row["pl"])] = row["pl"] * row["tg"] / row["t"]
+        if isinstance(row, dict) and {"pl", "tg", seconds} <= row.keys() and row[seconds] > 0:
+            speeds[int(row["pl"])] = row["pl"] * row["tg"] / row[seconds]
     return speeds
 
 
@@ -203,14 +204,16 @@ def batched_bench(
     tokens: int,
     threads: int,
     timeout: float,
+    seconds: str = "t",
 ) -> dict[int, float]:
-    """One `llama-batched-bench` call over every batch size (prompts not shared)."""
+    """One `llama-batched-bench` call over every batch size (prompts not shared); `seconds`
+    as in `parse_batched_bench`."""
     command = [str(llama.binary("llama-batched-bench")), "-m", str(gguf)]
     command += ["-c", str(max(batches) * (prompt_len + tokens)), "-b", "2048", "-ub", "512"]
     command += ["-npp", str(prompt_len), "-ntg", str(tokens), "-npl", ",".join(map(str, batches))]
     command += ["-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    speeds = parse_batched_bench(done.stdout + "\n" + done.stderr)
+    speeds = parse_batched_bench(done.stdout + "\n" + done.stderr, seconds)
     if done.returncode != 0 or not speeds:
         raise RuntimeError(f"llama-batched-bench exited {done.returncode}: {done.stderr[-400:]}")
     return speeds

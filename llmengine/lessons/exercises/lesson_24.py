@@ -32,16 +32,27 @@ def bytes_per_position(storage: str) -> int:
     return bytes_and_flops_rows({"random 25M": HELD_OUT_CONFIG}, (1,))[0][column]
 
 
-def check_bytes_per_position(answer: int | None, storage: str = "bfloat16") -> Verdict:
-    """Exercise 1: the bytes of weights a decode position of the 25M model reads."""
+def one_row_bound(bandwidth_gb_s: float, storage: str) -> float:
+    """Tokens per second one stream of the 25M model decodes at most on a machine reading
+    memory at `bandwidth_gb_s`: every step reads every weight once, and nothing else."""
+    return bandwidth_gb_s * 1e9 / bytes_per_position(storage)
+
+
+def check_one_row_bound(
+    answer: float | None, bandwidth_gb_s: float = 40.0, storage: str = "int8"
+) -> Verdict:
+    """Exercise 1: the one-row bound of the 25M model at a given bandwidth, within 1%."""
     _storage(storage)
     if answer is None:
-        return check_value(None, None, what="the bytes read")
+        return check_value(None, None, what="the one-row bound")
     return check_value(
         answer,
-        bytes_per_position(storage),
-        what=f"the weight bytes one position of the 25M model reads in {storage}",
-        explain=f"Every weight it is multiplied by, {BYTES_PER_WEIGHT[storage]} byte(s) each.",
+        one_row_bound(bandwidth_gb_s, storage),
+        what=f"the tokens/s one stream of the 25M model decodes at most in {storage} at "
+        f"{bandwidth_gb_s:g} GB/s",
+        tolerance=0.01,
+        explain=f"The bandwidth over the bytes a step reads: every weight, "
+        f"{BYTES_PER_WEIGHT[storage]} byte(s) each.",
     )
 
 
@@ -70,8 +81,8 @@ def rows_at_the_ridge(bandwidth_gb_s: float, gflop_s: float, storage: str) -> in
 
 def check_rows_at_the_ridge(
     answer: int | None,
-    bandwidth_gb_s: float = 50.0,
-    gflop_s: float = 400.0,
+    bandwidth_gb_s: float = 45.0,
+    gflop_s: float = 1000.0,
     storage: str = "float32",
 ) -> Verdict:
     """Exercise 3: from how many rows a product stops being bound by reading its weights."""

@@ -15,6 +15,7 @@ from llmengine.lessons.roofline import (
     memory_read_bandwidth,
     plot_roofline,
     product_intensity,
+    read_bandwidth,
 )
 from llmengine.lessons.step_cost import weights_multiplied
 from llmengine.speed.prepare import prepare_for_speed, products
@@ -50,6 +51,7 @@ def test_the_ceilings_are_measured_as_positive_rates():
     torch.set_num_threads(1)
     assert memory_read_bandwidth(megabytes=8, repeats=2) > 1e8
     assert matrix_product_rate(size=128, repeats=2) > 1e7
+    assert read_bandwidth(2**20, repeats=2) > 1e8  # a working set of 1 MiB, any size is taken
 
 
 @pytest.mark.parametrize("versions", [1, 2])
