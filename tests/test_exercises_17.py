@@ -12,12 +12,12 @@ from llmengine.params import SamplingParams
 from llmengine.scheduling.request import Request
 
 
-def test_smallest_pool_for_two_blocks() -> None:
-    # vLLM rounds 1% of the pool down, so 2 blocks need a pool of at least 2 / 0.01 blocks.
-    right = math.ceil(2 / 0.01)
-    assert lesson_17.check_smallest_pool_for_two_blocks(right).right is True
-    assert lesson_17.check_smallest_pool_for_two_blocks(right - 1).right is False
-    assert lesson_17.check_smallest_pool_for_two_blocks(None).right is None
+def test_smallest_pool_for_three_blocks() -> None:
+    # vLLM rounds 1% of the pool down, so 3 blocks need a pool of at least 3 / 0.01 blocks.
+    right = math.ceil(3 / 0.01)
+    assert lesson_17.check_smallest_pool_for_three_blocks(right).right is True
+    assert lesson_17.check_smallest_pool_for_three_blocks(right - 1).right is False
+    assert lesson_17.check_smallest_pool_for_three_blocks(None).right is None
 
 
 def test_largest_watermark_for_ten_blocks() -> None:

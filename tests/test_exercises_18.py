@@ -17,12 +17,16 @@ from llmengine.lessons.preemption_cost import (
 
 
 def test_positions_under_swap_are_every_position_once() -> None:
-    once = lesson_18.REQUESTS * (lesson_18.PROMPT + lesson_18.BUDGET - 1)
+    once = lesson_18.REQUESTS * (lesson_18.LONGER_PROMPT + lesson_18.BUDGET - 1)
     assert lesson_18.check_positions_under_swap(once).right is True
     assert lesson_18.check_positions_under_swap(once + 20).right is False
     assert lesson_18.check_positions_under_swap(None).right is None
-    # The pool really does evict, or the exercise would ask nothing.
-    assert lesson_18.burst_run(10, preemption="swap", swap_blocks=64).timing.swap_outs > 0
+    # The pool really does evict, all to host memory, or the exercise would ask nothing.
+    timing = lesson_18.burst_run(
+        10, lesson_18.LONGER_PROMPT, preemption="swap", swap_blocks=lesson_18.ROOMY_SWAP
+    ).timing
+    assert timing.swap_outs > 0
+    assert timing.recompute_preemptions == 0
 
 
 def test_no_swap_space_recomputes_what_recompute_does() -> None:

@@ -40,7 +40,11 @@ from llmengine.lessons.preemption_cost import (
     swap_seconds,
     weights_per_position,
 )
-from llmengine.lessons.swap_runs import swap_space_high_water, victim_latencies
+from llmengine.lessons.swap_runs import (
+    swap_space_high_water,
+    victim_latencies,
+    wall_clock_reading,
+)
 from llmengine.model.config import LlamaConfig
 
 ROOMY_SWAP = 64
@@ -157,6 +161,18 @@ def test_victim_latencies_split_the_run_by_eviction(at_12: dict[str, PoolResult]
     victims, straight_through = victim_latencies(result)
     assert straight_through == [seeds.DAY34_STAIRCASE_AT_12[0]]
     assert victims == seeds.DAY34_STAIRCASE_AT_12[1:]
+
+
+def test_the_wall_clock_reading_turns_with_the_numbers() -> None:
+    # Seconds that track iterations: per-iteration cost flat, per-position cost spread out.
+    by_iterations = wall_clock_reading([5.0, 5.5], [800.0, 1600.0], {"recompute": 0.3, "swap": 0.2})
+    assert "follows the iterations more closely than the positions" in by_iterations
+    assert "what the model's size predicts" in by_iterations
+    assert "the swap run is the shorter" in by_iterations
+    by_positions = wall_clock_reading([4.0, 8.0], [900.0, 950.0], {"recompute": 0.2, "swap": 0.3})
+    assert "follows the positions more closely than the iterations" in by_positions
+    assert "predicts the opposite" in by_positions
+    assert "the swap run is not the shorter" in by_positions
 
 
 # -- the cost model ------------------------------------------------------------------------

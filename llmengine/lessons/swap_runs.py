@@ -35,3 +35,33 @@ def victim_latencies(result: PoolResult) -> tuple[list[int], list[int]]:
         group = victims if request_id in timing.preempted_at else straight_through
         group.append(timing.latencies_iterations[request_id])
     return victims, straight_through
+
+
+def wall_clock_reading(
+    ms_per_iteration: Sequence[float], us_per_position: Sequence[float], at_12: dict[str, float]
+) -> str:
+    """What one timed sweep says, in sentences chosen by its numbers: which count the seconds
+    follow more closely (the smaller max/min spread of seconds per unit), whether that is what
+    the model's size predicts, and which mode's median run at 12 blocks is the shorter. A lesson
+    that prints a fixed sentence beside wall-clock numbers is wrong whenever they turn round."""
+    spreads = {
+        "iterations": max(ms_per_iteration) / min(ms_per_iteration),
+        "positions": max(us_per_position) / min(us_per_position),
+    }
+    closer, farther = sorted(spreads, key=spreads.__getitem__)
+    if closer == "iterations":
+        why = "That is what the model's size predicts (below)."
+    else:
+        why = (
+            "The model's size predicts the opposite (below). A busy spell of a shared machine "
+            "that falls on some runs and not others is enough to turn the comparison around."
+        )
+    shorter = "the shorter" if at_12["swap"] < at_12["recompute"] else "not the shorter"
+    return (
+        f"In this run, the milliseconds per iteration vary by a factor of "
+        f"{spreads['iterations']:.2f} across the twelve runs, and the microseconds per position "
+        f"by a factor of {spreads['positions']:.2f}: the run time follows the {closer} more "
+        f"closely than the {farther}. {why} At 12 blocks the median recompute run takes "
+        f"{at_12['recompute']:.3f} s and the swap run {at_12['swap']:.3f} s: here the swap run "
+        f"is {shorter}."
+    )

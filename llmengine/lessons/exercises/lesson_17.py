@@ -21,13 +21,13 @@ def smallest_pool_for_watermark(blocks: int) -> int:
     return next(pool for pool in itertools.count(1) if vllm_watermark_blocks(pool) >= blocks)
 
 
-def check_smallest_pool_for_two_blocks(answer: int | None) -> Verdict:
-    """Exercise 1: the smallest pool whose vLLM watermark is 2 blocks."""
-    pool = smallest_pool_for_watermark(2)
+def check_smallest_pool_for_three_blocks(answer: int | None) -> Verdict:
+    """Exercise 1: the smallest pool whose vLLM watermark is 3 blocks."""
+    pool = smallest_pool_for_watermark(3)
     return check_value(
         answer,
         pool,
-        what="the smallest pool on which vLLM's 1% watermark is 2 blocks",
+        what="the smallest pool on which vLLM's 1% watermark is 3 blocks",
         explain=f"int(0.01 * {pool}) = {vllm_watermark_blocks(pool)}, and int(0.01 * "
         f"{pool - 1}) = {vllm_watermark_blocks(pool - 1)}: the rule rounds down.",
     )

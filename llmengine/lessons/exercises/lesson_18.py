@@ -17,28 +17,33 @@ from llmengine.lessons.preemption_cost import H100_SXM, LLAMA_3_1_8B, PCIE5_X16,
 REQUESTS, PROMPT, BUDGET, SEED = 6, 5, 24, 34
 BLOCK_SIZE, SLOTS = 4, 6
 ROOMY_SWAP = 64
+LONGER_PROMPT = 8
 LOW_FRACTION = 0.25
 
 
-def burst_run(pool_blocks: int, **mode: object) -> PoolResult:
-    """The lesson's burst through one engine of `pool_blocks` blocks, in the given mode."""
+def burst_run(pool_blocks: int, prompt: int = PROMPT, **mode: object) -> PoolResult:
+    """The lesson's burst, with `prompt`-token prompts, through one engine of `pool_blocks`
+    blocks, in the given mode."""
     model = embedded_model()
-    burst = uniform_burst(REQUESTS, PROMPT, BUDGET, vocab_size=model.config.vocab_size, seed=SEED)
+    burst = uniform_burst(REQUESTS, prompt, BUDGET, vocab_size=model.config.vocab_size, seed=SEED)
     return sweep_pool_sizes(
         model, burst, [pool_blocks], block_size=BLOCK_SIZE, num_slots=SLOTS, **mode
     )[0]
 
 
-def check_positions_under_swap(answer: int | None, pool_blocks: int = 10) -> Verdict:
+def check_positions_under_swap(
+    answer: int | None, pool_blocks: int = 10, prompt: int = LONGER_PROMPT
+) -> Verdict:
     """Forward positions the burst computes under swap, with a roomy swap space, at a pool of
-    `pool_blocks` blocks (one the lesson's sweep skips)."""
+    `pool_blocks` blocks (one the lesson's sweep skips) when each prompt has `prompt` tokens
+    (not the lesson's five, so the sweep's count does not answer it)."""
     if answer is None:
         return check_value(None, None, what="the forward positions")
-    timing = burst_run(pool_blocks, preemption="swap", swap_blocks=ROOMY_SWAP).timing
+    timing = burst_run(pool_blocks, prompt, preemption="swap", swap_blocks=ROOMY_SWAP).timing
     return check_value(
         answer,
         timing.total_forward_tokens,
-        what=f"the forward positions under swap at {pool_blocks} blocks",
+        what=f"the forward positions under swap at {pool_blocks} blocks, {prompt}-token prompts",
         explain=(
             f"{timing.swap_outs} swap-outs and nothing recomputed: every prompt position and "
             "every generated token but the last is computed once, whatever the pool."
