@@ -64,7 +64,10 @@ def stream_split(
 ) -> dict[str, float]:
     """One greedy stream of `tokens` tokens after `prompt` through `engine` (idle before);
     the medians over its decode steps (the prefill left out) of the step, each stage, the
-    rest and the host's share (the step less its forward), in seconds, and its tokens/s."""
+    rest and the host's share (the step less its forward), in seconds, and its tokens/s.
+    The rest and the host's share are taken step by step before their medians: on a shared
+    machine a step's forward is sometimes twice another's, and a difference of medians
+    taken apart would mix steps of either kind."""
     engine.add_request(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
     engine.step()  # the prefill, which is not a decode step
     clock.clear()
@@ -75,10 +78,13 @@ def stream_split(
         engine.step()
         steps.append(time.perf_counter() - start)
     elapsed = time.perf_counter() - started
-    split = {name: statistics.median(seconds) for name, seconds in clock.seconds.items() if seconds}
-    split["step"] = statistics.median(steps)
-    split["rest"] = split["step"] - sum(split[name] for name, _, _ in STAGES if name in split)
-    split["host"] = split["step"] - split["forward"]
+    per_step = {name: seconds for name, seconds in clock.seconds.items() if seconds}
+    # Each stage runs once per step of one plain stream; strict zips refuse anything else.
+    staged = [sum(stage) for stage in zip(*per_step.values(), strict=True)]
+    per_step["step"] = steps
+    per_step["rest"] = [step - inside for step, inside in zip(steps, staged, strict=True)]
+    per_step["host"] = [s - f for s, f in zip(steps, per_step["forward"], strict=True)]
+    split = {name: statistics.median(seconds) for name, seconds in per_step.items()}
     split["tokens_per_s"] = len(steps) / elapsed
     return split
 
