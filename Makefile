@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_tensor_parallel.py
 	$(BIN)/python scripts/bench_speculative.py
 	$(BIN)/python scripts/bench_host_time.py
+	$(BIN)/python scripts/bench_host_split.py
 	$(BIN)/python scripts/bench_engine_events.py
 	$(BIN)/python scripts/dashboard_screenshot.py
 

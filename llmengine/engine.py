@@ -266,8 +266,10 @@ class Engine:
         self.scheduler.check_integrity()
 
     def close(self) -> None:
-        """Stop what outlives a step: nothing in one process (`TensorParallelEngine` stops its
-        worker processes), so callers may close any engine alike."""
+        """Stop what outlives a step: the overlap's worker thread in one process
+        (`TensorParallelEngine` stops its worker processes too), so callers may close any
+        engine alike."""
+        self.runner.close()
 
     # -- run to completion ---------------------------------------------------------------
 

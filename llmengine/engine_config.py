@@ -58,6 +58,9 @@ class EngineConfig:
       request by prompt lookup, a checkpoint folder names a draft model (a smaller Llama with
       the same tokenizer) that guesses them; one forward keeps those the model agrees with
       (None: one token per step).
+    - `overlap`: while each eager forward runs, a worker thread builds the next step's
+      inputs on the guess that every row decodes one more token with the blocks it holds; a
+      guess the next step's rows do not match is thrown away, so the tokens never change.
     """
 
     num_blocks: int = _knob(
@@ -119,6 +122,12 @@ class EngineConfig:
                "(with --speculative)", "K", minimum=1),
     )  # fmt: skip
 
+    overlap: bool = _knob(
+        False,
+        Option(("--overlap",), "build the next step's inputs on a worker thread while each "
+               "forward runs (the same tokens; on a small CPU it does not pay)"),
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "num_slots"):
             _check_whole(name, getattr(self, name), minimum=1)
@@ -154,7 +163,7 @@ class EngineConfig:
             )
         if self.watermark >= self.num_blocks:
             raise ValueError(f"watermark must be in [0, {self.num_blocks}), got {self.watermark}")
-        for name in ("enable_prefix_caching", "compile"):
+        for name in ("enable_prefix_caching", "compile", "overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         # The bucket list is kept as a tuple, so the configuration stays hashable and frozen.

@@ -98,8 +98,10 @@ class TensorParallelEngine(Engine):
         return self.runner.failed
 
     def close(self) -> None:
-        """Tell the workers to stop and wait for them, then leave the group; after a failed
-        step, or a worker that does not stop, the workers are killed instead."""
+        """Stop the overlap's thread, if any; tell the workers to stop and wait for them, then
+        leave the group; after a failed step, or a worker that does not stop, the workers are
+        killed instead."""
+        self.runner.close()
         if not dist.is_initialized():
             return
         if not self.failed:

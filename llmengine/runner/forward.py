@@ -25,10 +25,12 @@ def packed_inputs(cache: PagedKVCache, rows: list[PagedRow]) -> PackedInputs:
     if not rows:
         raise ValueError("paged_forward needs at least one row")
     attention = GatheredAttention(cache, rows)
-    input_ids = torch.tensor(
-        [[token for row in rows for token in row.token_ids]], device=cache.device
-    )
-    return input_ids, attention
+    return packed_token_ids(rows, cache.device), attention
+
+
+def packed_token_ids(rows: list[PagedRow], device: torch.device) -> torch.Tensor:
+    """The rows' new tokens packed in row order as `[1, N]`."""
+    return torch.tensor([[token for row in rows for token in row.token_ids]], device=device)
 
 
 def paged_forward(

@@ -8,7 +8,9 @@ the sampler. `run(decision)` does, in order:
 1. let go of the requests the decision says are done, take up the ones it meets first;
 2. the draft model's guesses, in the places the scheduler left for them;
 3. the forward's inputs, prepared from every row (token ids, positions, write slots, block
-   tables) before anything runs (`StepPreparer`, in `llmengine.runner.prepare`);
+   tables) before anything runs (`StepPreparer`, in `llmengine.runner.prepare`); with
+   `overlap` all but the token ids may have been built during the last forward, on a worker
+   thread, when its guess of this step's rows was right (`llmengine.runner.overlap`);
 4. the decision's swaps (every copy out, then every copy in), then the forward: a decode
    graph when every row decodes one token and a bucket holds them (on CUDA a captured CUDA
    graph over persistent input buffers, on a CPU a compiled forward), else the eager forward
@@ -47,6 +49,7 @@ from llmengine.runner.cuda_graphs import StaticDecodeGraphs
 from llmengine.runner.draft import DraftModel, load_draft
 from llmengine.runner.forward import paged_forward
 from llmengine.runner.graphs import DecodeGraphs, buckets_for
+from llmengine.runner.overlap import OverlappedPreparer
 from llmengine.runner.prepare import ForwardPlan, Inputs, StepPreparer
 from llmengine.runner.sampler import Sampler
 from llmengine.runner.startup import drop_slower_graphs, graph_report
@@ -95,7 +98,10 @@ class ModelRunner:
         if leader and config.speculative not in (None, "ngram"):
             self.drafter = load_draft(config.speculative, model, self.cache)
         self.sampler = Sampler(model.config, tokenizer, self.device)
-        self.preparer = StepPreparer(self.cache, self.graphs, self.sampler.prompt_logprobs)
+        self.overlap = OverlappedPreparer(self.cache) if config.overlap else None
+        self.preparer = StepPreparer(
+            self.cache, self.graphs, self.sampler.prompt_logprobs, self.overlap
+        )
 
     def _build_graphs(self, config: EngineConfig, measure: bool) -> None:
         """One graph per bucket (`decode_graphs_class`). With `decode_graph=True` the
@@ -171,7 +177,12 @@ class ModelRunner:
             prepared = self.preparer.prepare(rows, decision)
         plan, inputs, logits_plan, num_drafts = prepared
         started = time.perf_counter()
-        own = self.execute(plan, inputs)
+        if self.overlap is None:
+            own = self.execute(plan, inputs)
+        else:  # the next step's inputs guessed on a worker thread during this forward
+            self.overlap.guess_during(plan)
+            own = self.execute(plan, inputs)
+            self.overlap.forward_done()
         draft_logits = NO_LOGITS
         if num_drafts:
             own, draft_logits = own[: len(own) - num_drafts], own[len(own) - num_drafts :]
@@ -186,6 +197,11 @@ class ModelRunner:
         result.forward_seconds = time.perf_counter() - started
         result.left_out = left_out
         return result
+
+    def close(self) -> None:
+        """Stop the overlap's worker thread, if there is one."""
+        if self.overlap is not None:
+            self.overlap.close()
 
     def execute(self, plan: ForwardPlan, inputs: Inputs | None = None) -> torch.Tensor:
         """Run one plan on this rank: swaps, then the forward; the logits it asks for.

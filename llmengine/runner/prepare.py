@@ -14,7 +14,7 @@ runner's step because it is pure preparation: it runs no forward and samples not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.outcome import DECODE_GRAPH, EAGER, EAGER_DRAFTS, EAGER_NO_BUCKET, EAGER_PREFILL
@@ -32,6 +32,9 @@ from llmengine.scheduling.decision import (
     readers_of_left_out,
 )
 from llmengine.speculative.verify import draft_logits_at
+
+if TYPE_CHECKING:  # the overlap runs plans this module makes: a type here, no import cycle
+    from llmengine.runner.overlap import OverlappedPreparer
 
 # A plan's inputs: the eager forward's, the compiled graph's, or the captured graph's buffers.
 Inputs = PackedInputs | DecodeInputs | StepBuffers
@@ -63,17 +66,21 @@ class Prepared(NamedTuple):
 
 class StepPreparer:
     """Plans and prepares each step's forward over `cache`, routing decode steps to `graphs`
-    (None: always eager) and reserving the logits `prompt_logprobs` owes."""
+    (None: always eager) and reserving the logits `prompt_logprobs` owes. With `overlap`,
+    an eager forward's inputs are the ones it built during the last forward when its guess
+    of the rows was right (`OverlappedPreparer.inputs`)."""
 
     def __init__(
         self,
         cache: PagedKVCache,
         graphs: DecodeGraphs | StaticDecodeGraphs | None,
         prompt_logprobs: PromptLogprobs,
+        overlap: OverlappedPreparer | None = None,
     ) -> None:
         self.cache = cache
         self.graphs = graphs
         self.prompt_logprobs = prompt_logprobs
+        self.overlap = overlap
 
     def prepare(self, rows: list[ScheduledRow], decision: SchedulerOutput) -> Prepared:
         """The forward's plan for `rows`, and its inputs (`packed_inputs` or the decode
@@ -85,6 +92,8 @@ class StepPreparer:
             assert self.graphs is not None
             inputs = self.graphs.inputs_for(plan.rows, plan.bucket)
             return Prepared(plan, inputs, logits_plan, num_drafts)
+        if self.overlap is not None:
+            return Prepared(plan, self.overlap.inputs(plan.rows), logits_plan, num_drafts)
         return Prepared(plan, packed_inputs(self.cache, plan.rows), logits_plan, num_drafts)
 
     def rows_that_prepare(
