@@ -18,6 +18,9 @@ from llmengine.bench.peers.results import Row, throughput_cells
 from llmengine.lessons.artifacts import markdown_table, use_lesson_style
 
 MACHINE_LINE = "processor (lscpu)"
+# The header lines besides the processor that tell two machines apart: what the vector units
+# can do, and how busy the machine was.
+MACHINE_DETAILS = ("ISA flags", "load average")
 
 
 def throughput_table(rows: Sequence[Row], extra_columns: Sequence[tuple[str, str]] = ()) -> str:
@@ -37,16 +40,19 @@ class ReportRow:
 
 
 def read_report(path: str | Path) -> tuple[str, list[ReportRow]]:
-    """The machine named in the report's header, and every row of its throughput tables."""
-    machine, rows = "unknown machine", []
+    """The machine named in the report's header (the processor, then its ISA flags and load
+    average where the header gives them), and every row of its throughput tables."""
+    machine, details, rows = "unknown machine", [], []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if cells[0] == MACHINE_LINE and len(cells) > 1:
             machine = cells[1]
+        elif cells[0].startswith(MACHINE_DETAILS) and len(cells) > 1:
+            details.append(f"{cells[0]}: {cells[1]}")
         elif len(cells) >= 5 and cells[3] not in ("tok/s", "") and not set(cells[3]) <= {"-"}:
             speed = None if cells[3].startswith("failed") else float(cells[3])
             rows.append(ReportRow(cells[0], cells[1], cells[2], speed))
-    return machine, rows
+    return (f"{machine} ({'; '.join(details)})" if details else machine), rows
 
 
 def plot_peers(rows: Sequence[Row | ReportRow], title: str) -> Figure:
