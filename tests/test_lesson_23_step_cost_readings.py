@@ -57,9 +57,11 @@ def test_rate_lines_say_which_rates_rose_at_every_row_count() -> None:
 def test_packing_line_counts_a_small_difference_as_a_tie() -> None:
     timings = [PackingTiming(1, 1.2, 1.0), PackingTiming(2, 1.03, 1.0), PackingTiming(4, 0.8, 1.0)]
     line = packing_line(timings)
-    assert "faster than eager at 1 rows, more than 5% slower at 4 rows" in line
-    assert "within 5% of it at 2 rows" in line
-    assert "faster than eager at no rows" in packing_line(timings[1:])
+    assert "faster than eager at 1 rows, more than 5% slower than eager at 4 rows" in line
+    assert "within 5% of eager at 2 rows." in line and "never" not in line
+    never_faster = packing_line(timings[1:])
+    assert "at no rows" not in never_faster
+    assert never_faster.endswith("; it is never more than 5% faster than eager.")
 
 
 def test_leads_are_read_from_the_useful_tokens_table_only(tmp_path: Path) -> None:

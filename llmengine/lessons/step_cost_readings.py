@@ -102,12 +102,23 @@ def packing_line(timings: Sequence[PackingTiming], margin: float = 0.05) -> str:
             verdicts["slower"].append(timing.rows)
         else:
             verdicts["within"].append(timing.rows)
-    rows = {key: ", ".join(map(str, value)) or "no" for key, value in verdicts.items()}
-    return (
-        f"In this run the packed product is more than {margin:.0%} faster than eager at "
-        f"{rows['faster']} rows, more than {margin:.0%} slower at {rows['slower']} rows, and "
-        f"within {margin:.0%} of it at {rows['within']} rows."
-    )
+    said = {
+        "faster": f"more than {margin:.0%} faster than eager",
+        "slower": f"more than {margin:.0%} slower than eager",
+        "within": f"within {margin:.0%} of eager",
+    }
+    clauses = [
+        f"{said[key]} at {', '.join(map(str, rows))} rows" for key, rows in verdicts.items() if rows
+    ]
+    never = [said[key] for key, rows in verdicts.items() if not rows]
+    line = "In this run the packed product is " + _joined(clauses)
+    if never:  # a verdict no row earned is said once, rather than as "at no rows"
+        line += f"; it is never {_joined(never, 'or')}"
+    return line + "."
+
+
+def _joined(parts: Sequence[str], last: str = "and") -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} {last} {parts[-1]}"
 
 
 @dataclass(frozen=True, slots=True)
