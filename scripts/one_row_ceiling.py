@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llmengine
-from llmengine.bench import one_row
 from llmengine.bench.peers import llamacpp, plan
+from llmengine.lessons import one_row
 from llmengine.lessons.artifacts import machine_line, write_report
 from llmengine.lessons.roofline import BYTES_PER_WEIGHT
 from llmengine.lessons.step_cost import weights_multiplied

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import llmengine
-from llmengine.bench import one_row
 from llmengine.bench.peers import llamacpp
+from llmengine.lessons import one_row
 from llmengine.lessons.exercises.lesson_25 import one_row_ceiling
 
 RUN = one_row.OneRowRun(

@@ -100,7 +100,7 @@ FEATURES: tuple[Feature, ...] = (
         "kernels",
         "on the CPU, each matrix product's kernel chosen per weight shape and row count by "
         "timing the candidates at start-up; attention gathers K/V through the block tables",
-        ("the-step-costs-operators", "the-step-at-the-machines-speed"),
+        ("the-step-costs-operators", "kernels-and-precision"),
         (Claim("GPU attention backends of several libraries, FlashAttention among them",
                ("vllm-graphs",)),
          Claim("`--attention-backend`: FlashInfer, FlashAttention 3, Triton and others",
@@ -114,7 +114,7 @@ FEATURES: tuple[Feature, ...] = (
         "graphs",
         "the decode step compiled whole per batch bucket (inductor on the CPU, one CUDA "
         "graph per bucket on a GPU); prefills stay eager",
-        ("the-step-at-the-machines-speed",),
+        ("the-compiled-step-and-the-peers",),
         (Claim("torch.compile by default; CUDA graphs piecewise (attention left out) or "
                "full, chosen per batch", ("vllm-compile", "vllm-graphs")),
          Claim("CUDA graphs, and piecewise CUDA graphs for prefill, both on by default",
@@ -140,7 +140,7 @@ FEATURES: tuple[Feature, ...] = (
         "quantization",
         "weights in bfloat16, or int8 with one scale per output channel; K/V in the model's "
         "dtype",
-        ("the-step-at-the-machines-speed",),
+        ("kernels-and-precision",),
         (Claim("FP8, AWQ, GPTQ and other weight formats; an FP8 KV cache",
                ("vllm-args", "vllm-kv-fp8")),
          Claim("`--quantization` fp8, awq, gptq and others; `--kv-cache-dtype` "
