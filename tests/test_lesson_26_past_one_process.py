@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
+from report_tables import report_rows
 
 import llmengine
 from llmengine.lessons.tensor_parallel import (
@@ -31,20 +32,15 @@ NOTEBOOK = ROOT / "lessons" / "26-past-one-process.ipynb"
 CONFIG = LlamaConfig.from_file(llmengine.embedded_model_path() / "config.json")
 
 
-def table_rows(name: str) -> list[list[str]]:
-    lines = (ROOT / "reports" / f"{name}.md").read_text(encoding="utf-8").splitlines()
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-
-
 def test_every_prompt_gives_the_same_tokens_at_two_ranks() -> None:
-    rows = table_rows("tensor-parallel-same-text")
+    rows = report_rows("tensor-parallel-same-text")
     assert len(rows) >= 3
     assert [row[1] for row in rows] == ["yes"] * len(rows)
     assert all(row[2] for row in rows)  # a text was generated
 
 
 def test_rank_zero_holds_half_of_each_cut_dimension() -> None:
-    rows = table_rows("tensor-parallel-shapes")
+    rows = report_rows("tensor-parallel-shapes")
     assert [row[0] for row in rows] == [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
     ]  # fmt: skip
@@ -56,7 +52,7 @@ def test_rank_zero_holds_half_of_each_cut_dimension() -> None:
 
 
 def test_the_memory_report_matches_the_count_of_this_split() -> None:
-    rows = table_rows("tensor-parallel-memory")
+    rows = report_rows("tensor-parallel-memory")
     held = {int(row[0]): int(row[1].replace(",", "")) for row in rows}
     assert held == {world: 4 * rank_parameters(CONFIG, world) for world in held}
     assert held[1] > held[2] > held[4] > held[1] // 4  # the embedding is whole on every rank
@@ -65,7 +61,7 @@ def test_the_memory_report_matches_the_count_of_this_split() -> None:
 def test_the_parts_kept_whole_are_twice_the_two_rank_share_less_one() -> None:
     """The lesson reads the share of the parameters every rank keeps whole off the memory
     table (k = 2 x the two-rank share - 1); counted tensor by tensor, it is the same."""
-    rows = table_rows("tensor-parallel-memory")
+    rows = report_rows("tensor-parallel-memory")
     held = {int(row[0]): int(row[1].replace(",", "")) for row in rows}
     whole = llmengine.load_model(kernels="eager")
     kept = sum(

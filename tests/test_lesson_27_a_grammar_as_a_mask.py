@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from matplotlib.figure import Figure
+from report_tables import report_rows
 
 import llmengine
 from llmengine import Constraint, Engine, SamplingParams
@@ -40,20 +41,15 @@ def engine() -> Engine:
     return Engine(embedded_model("eager"), num_blocks=64, tokenizer=TOKENIZER)
 
 
-def table_rows(name: str) -> list[list[str]]:
-    lines = (ROOT / "reports" / f"{name}.md").read_text(encoding="utf-8").splitlines()
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-
-
 def test_only_the_closed_schema_gives_a_valid_finished_value() -> None:
-    rows = {row[0]: row for row in table_rows("grammar-mask-outputs")}
+    rows = {row[0]: row for row in report_rows("grammar-mask-outputs")}
     assert rows["the person schema"][2:5] == ["eos", "yes", "yes"]
     others = [row for name, row in rows.items() if name != "the person schema"]
     assert len(others) == 4 and all(row[4] == "no" for row in others)
 
 
 def test_the_steps_table_counts_the_vocabulary_share() -> None:
-    rows = table_rows("grammar-mask-steps")
+    rows = report_rows("grammar-mask-steps")
     assert [int(row[0]) for row in rows] == list(range(len(rows)))
     vocab = embedded_model("eager").config.vocab_size
     for row in rows:
@@ -64,7 +60,7 @@ def test_the_steps_table_counts_the_vocabulary_share() -> None:
 def test_the_agreement_report_sorts_every_step_once() -> None:
     """The three kinds of step partition the output: their counts and the nats they give up
     add up to the row of all steps, and no step keeps a token above the model's favourite."""
-    *kinds, total = table_rows("grammar-mask-agreement")
+    *kinds, total = report_rows("grammar-mask-agreement")
     assert [row[0] for row in kinds] == [
         "one token allowed", "several allowed, in the name", "several allowed, elsewhere"
     ]  # fmt: skip

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from matplotlib.figure import Figure
+from report_tables import report_rows
 
 import llmengine
 from llmengine import Engine, SamplingParams
@@ -55,13 +56,8 @@ PROMPT_IDS = [TOKENIZER.encode(prompt) for prompt in PROMPTS[:3]]
 TOKENS = 40
 
 
-def table_rows(name: str) -> list[list[str]]:
-    lines = (ROOT / "reports" / f"{name}.md").read_text(encoding="utf-8").splitlines()
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-
-
 def test_the_forwards_table_keeps_the_text_and_saves_forwards() -> None:
-    rows = table_rows("speculation-forwards")
+    rows = report_rows("speculation-forwards")
     assert [row[0] for row in rows] == ["none", "1", "3", "5"]
     assert all(row[-1] == "8/8" for row in rows)
     per_stream = [float(row[2]) for row in rows]
@@ -69,7 +65,7 @@ def test_the_forwards_table_keeps_the_text_and_saves_forwards() -> None:
 
 
 def test_the_position_table_only_falls_along_a_guess() -> None:
-    rows = table_rows("speculation-acceptance-by-position")
+    rows = report_rows("speculation-acceptance-by-position")
     for k in ("1", "3", "5"):
         kept = [int(row[3]) for row in rows if row[0] == k]
         assert len(kept) == int(k) and kept == sorted(kept, reverse=True)
@@ -294,8 +290,8 @@ def test_chi_square_against_known_values() -> None:
 
 
 def test_the_draft_tables_keep_the_text() -> None:
-    rows = table_rows("speculation-draft-model")
+    rows = report_rows("speculation-draft-model")
     assert [row[0] for row in rows][0] == "prompt lookup" and len(rows) == 3
     assert all(row[-1] == "8/8" for row in rows)
-    shares = [float(row[-1]) for row in table_rows("speculation-draft-rule")]
+    shares = [float(row[-1]) for row in report_rows("speculation-draft-rule")]
     assert sum(shares) == pytest.approx(1.0, abs=0.01)
