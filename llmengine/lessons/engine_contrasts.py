@@ -152,10 +152,11 @@ def granularity_rows(
     """One row per block size: the second prompt's block-table entries, the positions it
     took from the cache and computed, and what blocks lost against a token-granular cache,
     which is the engine itself with blocks of one token (measured, not assumed)."""
-    token_granular = shared_prefix_run(model, shared, own, block_size=1).taken
+    runs = {size: shared_prefix_run(model, shared, own, size) for size in {1, *block_sizes}}
+    token_granular = runs[1].taken
     rows = []
     for block_size in block_sizes:
-        run = shared_prefix_run(model, shared, own, block_size)
+        run = runs[block_size]
         entries = -(-run.second_prompt // block_size)
         rows.append((block_size, entries, run.taken, run.computed, token_granular - run.taken))
     return rows
