@@ -138,9 +138,15 @@ def scoreboards(cells: list[Cell]) -> list[str]:
     return found
 
 
-def before_exercises(cells: list[Cell]) -> list[Cell]:
+def exercises_heading(cells: list[Cell]) -> int | None:
+    """The index of the lesson's last `## Exercises` heading, None without one."""
     headings = [c.index for c in cells if c.kind == "markdown" and c.source.startswith("## Exer")]
-    return [cell for cell in cells if not headings or cell.index < headings[-1]]
+    return headings[-1] if headings else None
+
+
+def before_exercises(cells: list[Cell]) -> list[Cell]:
+    heading = exercises_heading(cells)
+    return [cell for cell in cells if heading is None or cell.index < heading]
 
 
 def printed_answer(cells: list[Cell], answer: Any) -> list[int]:
@@ -190,10 +196,10 @@ def exercises_module(path: Path) -> str:
 def ends_with_exercises(cells: list[Cell], module: str) -> bool:
     """A `## Exercises` heading, and after it only exercises cells that use the lesson's
     checking module."""
-    headings = [c.index for c in cells if c.kind == "markdown" and c.source.startswith("## Exer")]
-    if not headings:
+    heading = exercises_heading(cells)
+    if heading is None:
         return False
-    after = cells[headings[-1] + 1 :]
+    after = cells[heading + 1 :]
     return any(module in cell.source for cell in after if cell.kind == "code")
 
 
