@@ -24,7 +24,8 @@ from llmengine.bench.throughput import cpu_model
 from llmengine.model.config import LlamaConfig
 from llmengine.model.llama import grouped_query_attention
 from llmengine.runner.attention import flat_indices
-from llmengine.runner.paged_flex import block_mask_tensors, paged_block_mask, paged_decode_attention
+from llmengine.runner.flex_inputs import block_mask_tensors
+from llmengine.runner.paged_flex import paged_block_mask, paged_decode_attention
 from llmengine.runner.startup import best_ms
 
 ROWS = (1, 8, 32)

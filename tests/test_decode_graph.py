@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 
 import llmengine
 import llmengine.runner.graphs as graphs_module
+import llmengine.runner.flex_inputs as flex_inputs
 import llmengine.runner.paged_flex as paged_flex
 import llmengine.runner.prepare as prepare_module
 from llmengine.bench.decode_step import random_llama
@@ -193,9 +194,9 @@ def test_padding_rows_never_touch_real_rows(graph_engine):
 
 def test_decode_inputs_pad_into_the_scratch_slot():
     rows = [PagedRow([9], 5, [2, 4]), PagedRow([8], 3, [6])]
-    tokens, positions, write, mask_tensors = paged_flex.decode_inputs(
-        rows, 4, num_blocks=11, bucket=4, scratch_block=10, device=torch.device("cpu")
-    )
+    buffers = flex_inputs.DecodeInputBuffers(4, num_blocks=11, block_size=4, scratch_block=10)
+    buffers.fill([PagedRow([1], 40, [5] * 11)] * 4)  # what an earlier step left is overwritten
+    tokens, positions, write, mask_tensors = buffers.fill(rows)
     assert tokens.tolist() == [9, 8, 0, 0]
     assert positions.tolist() == [5, 3, 0, 0]
     assert write.tolist() == [17, 27, 40, 40]
@@ -208,6 +209,17 @@ def test_decode_inputs_pad_into_the_scratch_slot():
     assert partial_tables[:, 0].tolist()[::2] == [4, 10] and ends.tolist() == [6, 4, 1, 1]
     assert places[0, [2, 4, 6]].tolist() == [0, 1, -1] and places[1, 6].item() == 0
     assert (places[2:, 10] == 0).all() and (places >= 0).sum().item() == 5
+
+
+def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine):
+    graphs = graph_engine.runner.graphs
+    first = graphs.inputs_for([PagedRow([3], 2, [1])], 2)
+    second = graphs.inputs_for([PagedRow([4], 9, [5, 6, 7]), PagedRow([5], 0, [2])], 2)
+    assert all(a is b for a, b in zip(first[:3], second[:3], strict=True))
+    assert all(a is b for a, b in zip(first[3], second[3], strict=True))
+    assert second[0].tolist() == [4, 5] and second[1].tolist() == [9, 0]
+    with pytest.raises(ValueError, match="needs 3 blocks"):
+        graphs.inputs_for([PagedRow([4], 9, [5, 6])], 2)
 
 
 def test_paged_decode_attention_reads_the_gathered_keys():
@@ -226,7 +238,7 @@ def test_paged_decode_attention_reads_the_gathered_keys():
         block_mask = paged_flex.paged_block_mask(mask_tensors, keys.shape[0])
         return paged_flex.paged_decode_attention(q, keys, values, block_mask)
 
-    tensors = paged_flex.block_mask_tensors(ends, tables, block_size)
+    tensors = flex_inputs.block_mask_tensors(ends, tables, block_size)
     out = torch.compile(in_place, fullgraph=True)(q, tensors, keys, values)
     for row, end in enumerate(ends.tolist()):
         slots = [

@@ -21,9 +21,9 @@ from llmengine.outcome import DECODE_GRAPH, EAGER, EAGER_DRAFTS, EAGER_NO_BUCKET
 from llmengine.prompt_logprobs import LogitsPlan, PromptLogprobs
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.cuda_graphs import StaticDecodeGraphs
+from llmengine.runner.flex_inputs import DecodeInputs
 from llmengine.runner.forward import PackedInputs, packed_inputs
 from llmengine.runner.graphs import DecodeGraphs
-from llmengine.runner.paged_flex import DecodeInputs
 from llmengine.runner.step_buffers import StepBuffers
 from llmengine.scheduling.decision import (
     ScheduledRow,
