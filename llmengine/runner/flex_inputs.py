@@ -32,24 +32,25 @@ class DecodeInputBuffers:
     included): `fill(rows)` writes them in place and returns the same tensors every time.
 
     Block tables are `num_blocks` wide whatever the rows' lengths, so every shape depends on
-    the bucket alone. Padding rows stand at position 0 of `scratch_block`: they write and
-    read its first slot, which no request owns.
+    the bucket alone; entries past a row's blocks keep what an earlier step wrote (valid
+    block ids, never visited: the block lists name only a row's own blocks). Padding rows
+    stand at position 0 of `scratch_block`: they write and read its first slot, which no
+    request owns.
     """
 
     def __init__(self, bucket: int, num_blocks: int, block_size: int, scratch_block: int) -> None:
         self.bucket, self.num_blocks = bucket, num_blocks
         self.block_size, self.scratch_block = block_size, scratch_block
-        self._rows = np.arange(bucket)
-        self._columns = np.arange(num_blocks)
+        self._padding_row = PagedRow([0], 0, [scratch_block])
+        self._places = np.arange(num_blocks)
         self.token_ids = np.zeros(bucket, np.int64)
         self.positions = np.zeros(bucket, np.int64)
         self.write_slots = np.zeros(bucket, np.int64)
-        self.tables = np.zeros((bucket, num_blocks), np.int64)
         # The block mask's tensors, in `paged_flex.paged_block_mask`'s order.
         self.partial_blocks = np.zeros(bucket, np.int32)
         self.partial_tables = np.zeros((bucket, num_blocks), np.int32)
         self.full_blocks = np.zeros(bucket, np.int32)
-        self.block_tables = np.zeros((bucket, num_blocks), np.int32)
+        self.block_tables = np.full((bucket, num_blocks), scratch_block, np.int32)
         self.ends = np.zeros(bucket, np.int64)
         self.table_places = np.zeros((bucket, num_blocks), np.int64)
         mask = (
@@ -70,57 +71,48 @@ class DecodeInputBuffers:
     def fill(self, rows: Sequence[PagedRow]) -> DecodeInputs:
         """Write decode `rows` (one new token each) padded to the bucket, and return the
         inputs. ValueError, before anything is written, for more rows than the bucket, or a
-        row that is not one decode token whose table covers its position."""
+        row that is not one decode token whose table covers its position.
+
+        A row's scalars are worked out in Python and written an array at a time, and its
+        blocks with two numpy calls: a step costs a dozen numpy calls, not one per number."""
         if len(rows) > self.bucket:
             raise ValueError(f"{len(rows)} rows do not fit bucket {self.bucket}")
         for row in rows:
             check_decode_row(row, self.block_size, self.num_blocks)
-        block_size, tables = self.block_size, self.tables
-        tables[:] = 0  # entries past a row's blocks are only read at masked positions
-        for index, row in enumerate(rows):
-            position = row.start_position
-            used = position // block_size + 1
-            tables[index, :used] = row.block_ids[:used]
-            self.token_ids[index] = row.token_ids[0]
-            self.positions[index] = position
-        padding = len(rows)
-        self.token_ids[padding:] = 0
-        self.positions[padding:] = 0
-        tables[padding:] = self.scratch_block
-        positions = self.positions
-        self.write_slots[:] = tables[self._rows, positions // block_size] * block_size
-        self.write_slots += positions % block_size
-        np.add(positions, 1, out=self.ends)
-        self._fill_mask()
-        return self.inputs
-
-    def _fill_mask(self) -> None:
-        """The block mask's tensors from `tables` and `ends`: each row reads its
-        `ends // block_size` full blocks whole and a partly filled last one up to its end;
-        `table_places` gives each pool block's place in the row's table (-1: not the
-        row's), for the mask function."""
-        block_size, width, tables = self.block_size, self.num_blocks, self.tables
-        np.floor_divide(self.ends, block_size, out=self.full_blocks, casting="unsafe")
-        np.greater(self.ends % block_size, 0, out=self.partial_blocks, casting="unsafe")
-        last = tables[self._rows, np.minimum(self.full_blocks, width - 1)]
-        self.partial_tables[:] = 0
-        self.partial_tables[:, 0] = last
-        self.block_tables[:] = tables
-        used = self._columns < (self.full_blocks + self.partial_blocks)[:, None]
-        row_of, place = np.nonzero(used)
+        block_size = self.block_size
+        # Each row reads its `end // block_size` full blocks whole and a partly filled last
+        # one up to its end; `table_places` gives each pool block's place in the row's
+        # table (-1: not the row's), for the mask function.
         self.table_places[:] = -1
-        self.table_places[row_of, tables[row_of, place]] = place
+        numbers = []
+        for index, row in enumerate([*rows, *[self._padding_row] * (self.bucket - len(rows))]):
+            position = row.start_position
+            full, filled = divmod(position + 1, block_size)
+            blocks = row.block_ids[: position // block_size + 1]
+            self.block_tables[index, : len(blocks)] = blocks
+            self.table_places[index, blocks] = self._places[: len(blocks)]
+            write_slot = blocks[-1] * block_size + position % block_size
+            last = blocks[full] if filled else 0  # the partly filled block, if there is one
+            numbers.append((row.token_ids[0], position, write_slot, position + 1, full, last))
+        tokens, positions, write_slots, ends, full_blocks, lasts = zip(*numbers, strict=True)
+        self.token_ids[:] = tokens
+        self.positions[:] = positions
+        self.write_slots[:] = write_slots
+        self.ends[:] = ends
+        self.full_blocks[:] = full_blocks
+        np.greater(self.ends % block_size, 0, out=self.partial_blocks, casting="unsafe")
+        self.partial_tables[:, 0] = lasts
+        return self.inputs
 
 
 def block_mask_tensors(
     ends: torch.Tensor, block_tables: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, ...]:
     """What `paged_block_mask` builds its mask from, for rows whose queries see positions
-    `0 .. ends[b] - 1` through CPU `block_tables` `[B, width]` (the cache's block count):
+    `0 .. ends[b] - 1` through `block_tables` `[B, width]` (the cache's block count):
     `DecodeInputBuffers`' arithmetic on rows held as tensors."""
     rows, width = block_tables.shape
     buffers = DecodeInputBuffers(rows, width, block_size, scratch_block=0)
-    buffers.tables[:] = block_tables.numpy()
-    buffers.ends[:] = ends.numpy()
-    buffers._fill_mask()
+    tables = block_tables.tolist()
+    buffers.fill([PagedRow([0], end - 1, tables[row]) for row, end in enumerate(ends.tolist())])
     return tuple(tensor.clone() for tensor in buffers.inputs[3])

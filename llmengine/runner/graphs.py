@@ -59,6 +59,9 @@ class BucketGraphs:
     cache: PagedKVCache
     scratch_block: int
     table_width: int
+    # The last call's greedy picks `[2, rows]` (argmax, all logits finite), read after it
+    # like a captured graph's output buffer; None where the graphs compute none.
+    greedy_picks: torch.Tensor | None = None
 
     def dummy_rows(self, bucket: int) -> list[PagedRow]:
         """`bucket` decode rows of a typical context (four blocks, or `table_width` when that
@@ -133,12 +136,15 @@ class DecodeGraphs(BucketGraphs):
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """Logits `[B, vocab]` for one new token per row, each row's K/V written at its index:
-        what gets compiled."""
+        """Logits `[B, vocab]` for one new token per row, each row's K/V written at its index,
+        and the greedy picks `[2, B]` (each row's argmax, whether its logits are all finite),
+        which inductor fuses into the head's last pass: what gets compiled."""
         block_mask = paged_block_mask(mask_tensors, keys[0].shape[0])
         attention = FlexPagedAttention(keys, values, write_indices, block_mask)
         hidden = self.model.forward_hidden(token_ids[:, None], positions[:, None], attention)
-        return self.model.compute_logits(hidden[:, 0])
+        logits = self.model.compute_logits(hidden[:, 0])
+        finite = torch.isfinite(logits).all(dim=-1).long()
+        return logits, torch.stack([logits.argmax(dim=-1), finite])
 
     def inputs_for(self, rows: Sequence[PagedRow], bucket: int) -> DecodeInputs:
         """The graph's inputs for decode `rows` padded to `bucket`, written into the bucket's
@@ -172,5 +178,6 @@ class DecodeGraphs(BucketGraphs):
         warm = bucket in self.compile_seconds
         stance = torch.compiler.set_stance(skip_guard_eval_unsafe=warm)
         with self._inductor_patch, self._dynamo_patch, stance:
-            logits = self._compiled(*inputs, self.keys, self.values)
+            logits, picks = self._compiled(*inputs, self.keys, self.values)
+        self.greedy_picks = picks[:, : len(rows)]
         return logits[: len(rows)]

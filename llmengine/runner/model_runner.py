@@ -191,7 +191,8 @@ class ModelRunner:
             sampling, owed = logits_plan.split(own)
             scored = self.sampler.prompt_logprobs.score(logits_plan, owed, failed)
         draft_probs = {} if self.drafter is None else self.drafter.probs
-        result = self.sampler.sample(rows, sampling, draft_logits, draft_probs, failed)
+        picks = None if plan.bucket is None or self.graphs is None else self.graphs.greedy_picks
+        result = self.sampler.sample(rows, sampling, draft_logits, draft_probs, failed, picks)
         result.prompt_logprobs = scored
         result.forward = plan.path
         result.forward_seconds = time.perf_counter() - started

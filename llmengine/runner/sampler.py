@@ -25,6 +25,7 @@ import torch
 
 from llmengine.model.config import LlamaConfig
 from llmengine.outcome import StepResult
+from llmengine.params import SamplingParams
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.sampling import draw_tokens, make_generator, suppressed_tokens, token_logprobs
 from llmengine.scheduling.decision import ScheduledRow
@@ -65,6 +66,17 @@ def together_or_alone(
     return failures
 
 
+def is_plain_greedy(params: SamplingParams) -> bool:
+    """Whether a row's token is its logits' argmax and nothing else is asked of them: greedy,
+    nothing that adjusts the logits, no constraint, no logprobs."""
+    return (
+        params.greedy
+        and not params.adjusts_logits
+        and params.constraint is None
+        and params.logprobs is None
+    )
+
+
 class Sampler:
     """Per-request sampling state, and `sample`, which fills a step's `StepResult`."""
 
@@ -95,6 +107,7 @@ class Sampler:
         draft_logits: torch.Tensor,
         draft_probs: Mapping[int, torch.Tensor],
         failed: Mapping[int, str] | None = None,
+        greedy_picks: torch.Tensor | None = None,
     ) -> StepResult:
         """The tokens of every row that samples: `logits` `[rows, vocab]` are each row's last
         position's, `draft_logits` those that check the rows' drafts (`draft_logits_at`, in
@@ -102,7 +115,9 @@ class Sampler:
         from. A prefill chunk that stops short of its request's last token draws nothing: its
         logits predict a token the request already has, and drawing would move the
         generator. The requests in `failed` (with why) draw nothing and stay failed: one
-        request's fault is never another's."""
+        request's fault is never another's. `greedy_picks` `[2, rows]`, when the forward
+        computed them (a decode graph), are each row's argmax and whether its logits are
+        finite: a step whose rows are all plain greedy reads them back and runs nothing else."""
         result = StepResult(failed=dict(failed or {}))
         plain = [
             index
@@ -113,13 +128,18 @@ class Sampler:
         ]
         drafted = [index for index, row in enumerate(rows) if row.draft_token_ids]
         if plain:
-            self._draw(rows, plain, logits, result)
+            self._draw(rows, plain, logits, result, greedy_picks)
         if drafted:
             self._check_drafts(rows, drafted, logits, draft_logits, draft_probs, result)
         return result
 
     def _draw(
-        self, rows: list[ScheduledRow], plain: list[int], logits: torch.Tensor, result: StepResult
+        self,
+        rows: list[ScheduledRow],
+        plain: list[int],
+        logits: torch.Tensor,
+        result: StepResult,
+        greedy_picks: torch.Tensor | None = None,
     ) -> None:
         """One token for each plain row, and whether its logits were finite, read back
         together: the step's one transfer from the device. A constrained row has every token
@@ -130,8 +150,14 @@ class Sampler:
         complete before `min_tokens`, fails its request alone (`NO_TOKEN_ALLOWED`), as does a
         row whose grammar, draw or log-probabilities raise, one that drew a token its mask
         refused, or one that would end before its grammar is complete: no output outside its
-        constraint is ever kept."""
+        constraint is ever kept. Rows that are all plain greedy (`is_plain_greedy`) take
+        `greedy_picks` when given: the argmax and finite check the forward made already."""
         requests = [rows[index].request for index in plain]
+        if greedy_picks is not None and all(is_plain_greedy(r.params) for r in requests):
+            picks = greedy_picks if len(plain) == greedy_picks.shape[1] else greedy_picks[:, plain]
+            drawn, finite_rows = picks.tolist()
+            self._keep(requests, drawn, finite_rows, None, None, result)
+            return
         raw = logits[plain]
         masked = raw
         allowed = self.grammars.allowed([r.request_id for r in requests], result.failed)
@@ -159,6 +185,20 @@ class Sampler:
         tokens = self._tokens(requests, masked, result)
         finite = torch.isfinite(raw).all(dim=-1).to(tokens.dtype)
         drawn, finite_rows = torch.stack([tokens, finite]).tolist()
+        self._keep(requests, drawn, finite_rows, allowed, raw, result)
+
+    def _keep(
+        self,
+        requests: list[Request],
+        drawn: list[int],
+        finite_rows: list[int],
+        allowed: torch.Tensor | None,
+        raw: torch.Tensor | None,
+        result: StepResult,
+    ) -> None:
+        """Keep each request's drawn token, unless its logits were not finite, its grammar
+        masked the token out, or keeping it fails (`_draw`): `raw` are the rows' logits,
+        which only a row that asks for logprobs reads (None: no row does)."""
         for position, (request, token) in enumerate(zip(requests, drawn, strict=True)):
             request_id = request.request_id
             if request_id in result.failed:
@@ -176,7 +216,7 @@ class Sampler:
                         f"token {token} ends an output its grammar has not completed"
                     )
                     continue
-                if request.params.logprobs is not None:
+                if request.params.logprobs is not None and raw is not None:
                     result.logprobs[request_id] = token_logprobs(
                         raw[position], token, request.params.logprobs
                     )
