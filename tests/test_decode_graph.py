@@ -14,8 +14,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import llmengine
-import llmengine.runner.graphs as graphs_module
 import llmengine.runner.flex_inputs as flex_inputs
+import llmengine.runner.graphs as graphs_module
 import llmengine.runner.paged_flex as paged_flex
 import llmengine.runner.prepare as prepare_module
 from llmengine.bench.decode_step import random_llama
@@ -209,6 +209,28 @@ def test_decode_inputs_pad_into_the_scratch_slot():
     assert partial_tables[:, 0].tolist()[::2] == [4, 10] and ends.tolist() == [6, 4, 1, 1]
     assert places[0, [2, 4, 6]].tolist() == [0, 1, -1] and places[1, 6].item() == 0
     assert (places[2:, 10] == 0).all() and (places >= 0).sum().item() == 5
+
+
+def test_a_row_whose_graph_logits_are_not_finite_fails_alone(tiny, graph_engine):
+    """The graph's own finite check (its greedy picks): a row whose cached keys hold a NaN
+    gets NaN logits in a decode-graph step and fails alone; the other row's tokens are the
+    ones it has without the NaN."""
+    prompts = [[5, 9, 13, 2], [7, 1, 8]]
+    params = llmengine.SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = Engine(tiny, **POOL).generate(prompts, params)
+    first, second = graph_engine.add_requests(prompts, [params] * 2)
+    graph_engine.step()  # both prefills
+    block = graph_engine.request(second).block_table.block_ids[0]
+    graph_engine.runner.cache.keys[0][block] = float("nan")
+    failed: dict[int, str] = {}
+    while graph_engine.has_unfinished():
+        outcome = graph_engine.step()
+        assert outcome.forward == "decode_graph"
+        failed.update(outcome.failed)
+    assert list(failed) == [second] and "not finite" in failed[second]
+    assert graph_engine.release(first).output_token_ids == expected[0]
+    assert graph_engine.release(second).output_token_ids == expected[1][:1]
+    graph_engine.check_integrity()
 
 
 def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine):
