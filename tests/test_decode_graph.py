@@ -233,6 +233,24 @@ def test_a_row_whose_graph_logits_are_not_finite_fails_alone(tiny, graph_engine)
     graph_engine.check_integrity()
 
 
+def test_two_engines_of_the_same_shapes_run_their_own_graphs(tiny):
+    """A warm bucket's call checks only the guards that tell graphs apart: two engines whose
+    graphs have the same shapes and different weights still each run their own."""
+    other = random_llama(TINY, seed=4, std=0.2)
+    prompts = [[5, 9, 13, 2], [7, 1, 8]]
+    params = llmengine.SamplingParams(max_tokens=8, ignore_eos=True)
+    patch = quick_graphs()
+    try:
+        engines = [Engine(m, num_blocks=16, num_slots=2, decode_graph=(2,)) for m in (tiny, other)]
+    finally:
+        patch.undo()
+    outputs = [engine.generate(prompts, params) for engine in engines]
+    assert outputs[0] != outputs[1]
+    for model, engine, output in zip((tiny, other), engines, outputs, strict=True):
+        assert output == Engine(model, num_blocks=16, num_slots=2).generate(prompts, params)
+        assert engine.runner.graph_steps > 0
+
+
 def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine):
     graphs = graph_engine.runner.graphs
     first = graphs.inputs_for([PagedRow([3], 2, [1])], 2)
