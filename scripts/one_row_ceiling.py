@@ -4,8 +4,9 @@ The embedded model's one-row bound, the memory bandwidth over its 13.7 MB of flo
 depends on where those weights are read from: a working set that small can stay in the
 last-level cache. This script measures, at the peers' thread count and in interleaved rounds,
 the read bandwidth at that working set and at one far larger than the cache, llama.cpp's
-decode speed at one sequence (`llama-batched-bench` on the embedded model's f32 GGUF) and
-llmengine's one-row step, and writes `reports/wallclock/one-row-ceiling.md`, which lesson 25
+decode speed at one sequence (`llama-batched-bench` on the embedded model's f32 GGUF),
+llmengine's eager one-row step and one stream through its engine with the decode graph
+(compiled first, for these threads), and writes `reports/wallclock/one-row-ceiling.md`, which lesson 25
 reads. It uses the llama.cpp that `make peers` builds into `.cache/peers/` and builds nothing.
 
 Usage: .venv/bin/python scripts/one_row_ceiling.py [--threads N] [--rounds R] [--skip-llamacpp]
@@ -19,6 +20,8 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import torch
 
 import llmengine
 from llmengine.bench.peers import llamacpp, plan
@@ -94,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode, version = llamacpp_decode(args.threads, args.gguf)
     model = llmengine.load_model()
     weight_bytes = weights_multiplied(model.config) * BYTES_PER_WEIGHT["float32"]
-    run = one_row.measure(model, weight_bytes, decode, args.threads, args.rounds)
+    torch.set_num_threads(args.threads)  # the decode graph is compiled for these threads
+    stream = one_row.engine_stream(model)
+    run = one_row.measure(model, weight_bytes, decode, args.threads, args.rounds, stream=stream)
     header = (
         f"{machine_line()}; last-level cache {one_row.last_level_cache()}. llama.cpp: {version}. "
         f"Command: `{' '.join(['scripts/one_row_ceiling.py', *map(shlex.quote, argv)])}`."

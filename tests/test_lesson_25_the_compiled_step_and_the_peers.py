@@ -24,6 +24,7 @@ RUN = one_row.OneRowRun(
     llmengine_step_s=0.004,
     llmengine_products_s=0.001,
     operators_per_step=300,
+    engine_stream_tokens_per_s=900.0,
 )
 
 
@@ -45,6 +46,7 @@ def test_the_report_reads_back_what_it_wrote(tmp_path: Path, llamacpp_speed: flo
     assert back.operators_per_step == 300 and back.weight_bytes == 13_697_024
     assert back.cache_bandwidth == pytest.approx(40e9, rel=1e-6)
     assert back.llmengine_step_s == pytest.approx(0.004, rel=1e-6)
+    assert back.engine_stream_tokens_per_s == pytest.approx(900.0)
     if math.isnan(llamacpp_speed):
         assert math.isnan(back.llamacpp_tokens_per_s)
     else:
@@ -54,15 +56,31 @@ def test_the_report_reads_back_what_it_wrote(tmp_path: Path, llamacpp_speed: flo
 def test_measure_keeps_the_best_of_its_rounds() -> None:
     model = llmengine.load_model(kernels="eager")
     speeds = iter([100.0, 300.0, 200.0])
+    streams = iter([50.0, 40.0, 70.0])
     run = one_row.measure(
-        model, 4 * 2**20, lambda: next(speeds), threads=1, rounds=3, dram_working_set=32 * 2**20
+        model,
+        4 * 2**20,
+        lambda: next(speeds),
+        threads=1,
+        rounds=3,
+        dram_working_set=32 * 2**20,
+        stream=lambda: next(streams),
     )
     assert run.llamacpp_tokens_per_s == 300.0  # the fastest round
+    assert run.engine_stream_tokens_per_s == 70.0
     assert run.cache_bandwidth > 0 and run.dram_bandwidth > 0
     assert 0 < run.llmengine_products_s < run.llmengine_step_s
     assert run.operators_per_step > 50  # a step is far more than its products
     skipped = one_row.measure(model, 4 * 2**20, None, 1, rounds=1, dram_working_set=2**25)
     assert math.isnan(skipped.llamacpp_tokens_per_s)
+    assert math.isnan(skipped.engine_stream_tokens_per_s)
+
+
+def test_an_engine_stream_times_the_generation_of_one_request() -> None:
+    model = llmengine.load_model(kernels="eager")
+    stream = one_row.engine_stream(model, decode_graph=())
+    first, second = stream(), stream()  # the engine is idle again after each call
+    assert first > 0 and second > 0
 
 
 def test_generation_speed_counts_the_generation_time_alone() -> None:

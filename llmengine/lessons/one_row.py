@@ -4,8 +4,9 @@ A decode step of one row reads every weight once, so it can go no faster than th
 wherever the weights come from over their bytes. For a model larger than the last-level cache
 that is DRAM. The embedded model's 13.7 MB of float32 weights can stay in a 16 MB cache from
 one step to the next, and then the ceiling is the cache's bandwidth, several times DRAM's.
-`measure` times both read bandwidths, llama.cpp's decode at one sequence and llmengine's
-one-row step (and its matrix products alone) on the same threads, in interleaved rounds;
+`measure` times both read bandwidths, llama.cpp's decode at one sequence, llmengine's eager
+one-row step (and its matrix products alone) and one stream through llmengine's engine with
+its decode graph (`engine_stream`) on the same threads, in interleaved rounds;
 `report` renders it for `scripts/one_row_ceiling.py` and `read_report` gives it back to
 lesson 25.
 """
@@ -13,16 +14,19 @@ lesson 25.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
+from llmengine.engine import Engine
 from llmengine.lessons.artifacts import markdown_table
 from llmengine.lessons.roofline import read_bandwidth
 from llmengine.lessons.step_cost import decode_cost, decode_step_operators
 from llmengine.model.llama import Llama
+from llmengine.params import SamplingParams
 
 # A working set 32 times a 16 MB last-level cache: every pass of the sum streams from DRAM.
 DRAM_WORKING_SET = 512 * 2**20
@@ -40,6 +44,9 @@ LABELS = {
     "llmengine_step_s": "llmengine one-row decode step (ms)",
     "llmengine_products_s": "llmengine's matrix products alone in that step (ms)",
     "operators_per_step": "operators llmengine dispatches per one-row step",
+    "engine_stream_tokens_per_s": (
+        "llmengine one stream through its engine, decode graph (tok/s, generation only)"
+    ),
 }
 # Fields the report shows in other units than the dataclass keeps (GB/s, ms).
 SCALES = {
@@ -62,6 +69,7 @@ class OneRowRun:
     llmengine_step_s: float
     llmengine_products_s: float
     operators_per_step: int
+    engine_stream_tokens_per_s: float  # nan when it was not measured
 
     def bound(self, bandwidth: float) -> float:
         """Tokens per second one stream decodes at most if a step only read its weights."""
@@ -93,6 +101,27 @@ def last_level_cache() -> str:
     return caches[-1] if caches else "unknown"
 
 
+def engine_stream(model: Llama, decode_graph: Sequence[int] = (1,)) -> Callable[[], float]:
+    """A call timing one greedy stream through an engine of one slot, as llama.cpp's row is
+    timed: a prompt of `PROMPT_TOKENS`, then the seconds of `GENERATED_TOKENS` decode steps
+    alone, as tokens per second. The engine is built here, at the current thread count, with
+    the decode graph for the `decode_graph` buckets (empty: eager); its compile is not timed."""
+    engine = Engine(model, num_blocks=16, num_slots=1, decode_graph=list(decode_graph) or False)
+    prompt = list(range(1, PROMPT_TOKENS + 1))
+    params = SamplingParams(max_tokens=GENERATED_TOKENS + 1, ignore_eos=True)
+
+    def tokens_per_s() -> float:
+        engine.add_request(prompt, params)
+        engine.step()  # the prefill, and the first token
+        started, steps = time.perf_counter(), 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+        return steps / (time.perf_counter() - started)
+
+    return tokens_per_s
+
+
 def measure(
     model: Llama,
     weight_bytes: int,
@@ -100,12 +129,13 @@ def measure(
     threads: int,
     rounds: int = 3,
     dram_working_set: int = DRAM_WORKING_SET,
+    stream: Callable[[], float] | None = None,
 ) -> OneRowRun:
     """Each quantity `rounds` times in turn, keeping each one's best (a shared machine only
     ever slows a measurement down). `llamacpp_decode` returns llama.cpp's generated tok/s at
-    one sequence; None leaves it out (nan)."""
+    one sequence, `stream` llmengine's (`engine_stream`); None leaves either out (nan)."""
     torch.set_num_threads(threads)
-    best = {"cache": 0.0, "dram": 0.0, "llamacpp": 0.0, "step": float("inf")}
+    best = {"cache": 0.0, "dram": 0.0, "llamacpp": 0.0, "step": float("inf"), "stream": 0.0}
     products = float("inf")
     for _ in range(rounds):
         # A sum of the weights takes a tenth of a millisecond; on a shared machine one of its
@@ -114,6 +144,8 @@ def measure(
         best["dram"] = max(best["dram"], read_bandwidth(dram_working_set, repeats=5))
         if llamacpp_decode is not None:
             best["llamacpp"] = max(best["llamacpp"], llamacpp_decode())
+        if stream is not None:
+            best["stream"] = max(best["stream"], stream())
         cost = decode_cost(model, rows=1, context=CONTEXT, repeats=20)
         best["step"] = min(best["step"], cost.step_s)
         products = min(products, cost.products_s)
@@ -127,6 +159,7 @@ def measure(
         llmengine_step_s=best["step"],
         llmengine_products_s=products,
         operators_per_step=operators,
+        engine_stream_tokens_per_s=best["stream"] or float("nan"),
     )
 
 
@@ -146,8 +179,10 @@ def report(run: OneRowRun, header: str) -> str:
         "interleaved rounds. The read bandwidths are sums over float32 tensors "
         "(`roofline.read_bandwidth`); llama.cpp is `llama-batched-bench` at one sequence, "
         f"{PROMPT_TOKENS} prompt tokens then {GENERATED_TOKENS} generated (generation time "
-        f"alone); llmengine is one decode step of the embedded model at {CONTEXT} cached "
-        "positions, with the kernels `load_model` measures.\n\n"
+        f"alone); llmengine's step is one eager decode step of the embedded model at {CONTEXT} "
+        "cached positions, with the kernels `load_model` measures, and its stream the same "
+        "prompt and generation as llama.cpp's through an engine with the decode graph "
+        "(generation time alone).\n\n"
         f"{table}"
     )
 
