@@ -6,8 +6,9 @@ last-level cache. This script measures, at the peers' thread count and in interl
 the read bandwidth at that working set and at one far larger than the cache, llama.cpp's
 decode speed at one sequence (`llama-batched-bench` on the embedded model's f32 GGUF),
 llmengine's eager one-row step and one stream through its engine with the decode graph
-(compiled first, for these threads), and writes `reports/wallclock/one-row-ceiling.md`, which lesson 25
-reads. It uses the llama.cpp that `make peers` builds into `.cache/peers/` and builds nothing.
+(compiled first, for these threads), and writes `reports/wallclock/one-row-ceiling.md`,
+which lesson 25 reads. It uses the llama.cpp that `make peers` builds into `.cache/peers/`
+and builds nothing.
 
 Usage: .venv/bin/python scripts/one_row_ceiling.py [--threads N] [--rounds R] [--skip-llamacpp]
            [--gguf EMBEDDED.gguf]

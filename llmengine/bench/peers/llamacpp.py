@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,8 +213,16 @@ def batched_bench(
     command += ["-c", str(max(batches) * (prompt_len + tokens)), "-b", "2048", "-ub", "512"]
     command += ["-npp", str(prompt_len), "-ntg", str(tokens), "-npl", ",".join(map(str, batches))]
     command += ["-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    speeds = parse_batched_bench(done.stdout + "\n" + done.stderr, seconds)
+    # Its results go through llama.cpp's logger, whose thread a quick exit often cuts off
+    # before it writes anything to a pipe (about two calls in three on a 2-core EPYC); with a
+    # log file as well, every call measured there printed its rows.
+    with tempfile.TemporaryDirectory() as directory:
+        log = Path(directory) / "batched-bench.log"
+        done = subprocess.run(
+            [*command, "--log-file", str(log)], capture_output=True, text=True, timeout=timeout
+        )
+        logged = log.read_text(encoding="utf-8") if log.exists() else ""
+    speeds = parse_batched_bench(done.stdout + "\n" + done.stderr + "\n" + logged, seconds)
     if done.returncode != 0 or not speeds:
         raise RuntimeError(f"llama-batched-bench exited {done.returncode}: {done.stderr[-400:]}")
     return speeds
