@@ -214,8 +214,9 @@ def batched_bench(
     command += ["-npp", str(prompt_len), "-ntg", str(tokens), "-npl", ",".join(map(str, batches))]
     command += ["-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
     # Its results go through llama.cpp's logger, whose thread a quick exit often cuts off
-    # before it writes anything to a pipe (about two calls in three on a 2-core EPYC); with a
-    # log file as well, every call measured there printed its rows.
+    # before it writes anything to a pipe (about two calls in three on a 2-core EPYC). A log
+    # file as well catches more of them: 6 calls in 6 on an idle machine, half beside a
+    # process compiling a graph. Callers take the calls that printed a row.
     with tempfile.TemporaryDirectory() as directory:
         log = Path(directory) / "batched-bench.log"
         done = subprocess.run(
