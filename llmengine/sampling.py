@@ -202,6 +202,15 @@ def sample_tokens(
     return draw_tokens(logits, params, generators, histories, eos_token_ids).tolist()
 
 
+def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
+    """`[2, rows]` int64 for `logits` `[rows, vocab]`: each row's argmax (its greedy token,
+    what `draw_tokens` draws for a plain greedy row) and 1 where all its logits are finite.
+    A decode graph computes these inside itself, so that a step of plain greedy rows reads
+    back only them (`Sampler`)."""
+    finite = torch.isfinite(logits).all(dim=-1).long()
+    return torch.stack([logits.argmax(dim=-1), finite])
+
+
 def draw_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],

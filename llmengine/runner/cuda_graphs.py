@@ -34,21 +34,22 @@ logger = logging.getLogger("llmengine.runner")
 
 WARMUP_STEPS = 3  # runs before capture: lazy initialisation never happens inside a capture
 
-Step = Callable[[], torch.Tensor]  # one decode step over fixed buffers: its logits
+# One decode step over fixed buffers: its logits and their greedy picks.
+Step = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
 
-def capture(step: Step, pool: object) -> tuple[Step, torch.Tensor]:
-    """`step` captured into a CUDA graph from memory `pool`: the replay (which returns the
-    graph's logits tensor, refreshed in place) and those logits."""
+def capture(step: Step, pool: object) -> Step:
+    """`step` captured into a CUDA graph from memory `pool`: the replay, which returns the
+    graph's own output tensors (logits and greedy picks), refreshed in place."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        logits = step()
+        outputs = step()
 
-    def replay() -> torch.Tensor:
+    def replay() -> tuple[torch.Tensor, torch.Tensor]:
         graph.replay()
-        return logits
+        return outputs
 
-    return replay, logits
+    return replay
 
 
 class StaticDecodeGraphs(BucketGraphs):
@@ -117,7 +118,7 @@ class StaticDecodeGraphs(BucketGraphs):
                 start = time.perf_counter()
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
-                self._steps[bucket], _ = capture(step, self._pool)
+                self._steps[bucket] = capture(step, self._pool)
                 if cuda:
                     torch.cuda.synchronize()
                 self.capture_seconds[bucket] = time.perf_counter() - start
@@ -154,9 +155,12 @@ class StaticDecodeGraphs(BucketGraphs):
     ) -> torch.Tensor:
         """Logits `[len(rows), vocab]` of a decode step over `rows`; `inputs` are their
         staged buffers when the caller staged them already. On CUDA the logits are the
-        graph's own tensor: valid until the next step of the bucket."""
+        graph's own tensor: valid until the next step of the bucket. So are the rows'
+        `greedy_picks`, which the step computes with them."""
         bucket = self.graph_for(len(rows)) if bucket is None else bucket
         assert bucket is not None, f"no kept bucket holds {len(rows)} rows"
         buffers = self.inputs_for(rows, bucket) if inputs is None else inputs
         buffers.upload()
-        return self._steps[bucket]()[: len(rows)]
+        logits, picks = self._steps[bucket]()
+        self.greedy_picks = picks[:, : len(rows)]
+        return logits[: len(rows)]

@@ -32,6 +32,7 @@ from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.flex_inputs import DecodeInputBuffers, DecodeInputs
 from llmengine.runner.paged_flex import FlexPagedAttention, paged_block_mask
+from llmengine.sampling import greedy_picks
 from llmengine.speed.prepare import PreparedLlama
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -143,8 +144,7 @@ class DecodeGraphs(BucketGraphs):
         attention = FlexPagedAttention(keys, values, write_indices, block_mask)
         hidden = self.model.forward_hidden(token_ids[:, None], positions[:, None], attention)
         logits = self.model.compute_logits(hidden[:, 0])
-        finite = torch.isfinite(logits).all(dim=-1).long()
-        return logits, torch.stack([logits.argmax(dim=-1), finite])
+        return logits, greedy_picks(logits)
 
     def inputs_for(self, rows: Sequence[PagedRow], bucket: int) -> DecodeInputs:
         """The graph's inputs for decode `rows` padded to `bucket`, written into the bucket's

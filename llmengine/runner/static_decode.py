@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
 from llmengine.runner.step_buffers import StepBuffers
+from llmengine.sampling import greedy_picks
 
 # On CUDA: the memory-efficient kernel takes an additive mask and has no per-shape plan to
 # build (cuDNN's would be built at warm-up and replayed, but is not needed); math is its
@@ -78,9 +79,10 @@ def grouped_decode_attention(
 
 def static_decode_step(
     model: Llama, cache: PagedKVCache, buffers: StepBuffers, dtype: torch.dtype
-) -> torch.Tensor:
-    """Logits `[bucket, vocab]` of one decode step over the bucket's buffers: the new K/V of
-    every row (padding rows' into the scratch block) written into `cache`."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits `[bucket, vocab]` of one decode step over the bucket's buffers, the new K/V of
+    every row (padding rows' into the scratch block) written into `cache`, and their greedy
+    picks `[2, bucket]` (`greedy_picks`), computed in the same graph."""
     attention = StaticAttention(cache, buffers, dtype)
     if cache.device.type != "cuda":
         return _forward(model, buffers, attention)
@@ -88,6 +90,9 @@ def static_decode_step(
         return _forward(model, buffers, attention)
 
 
-def _forward(model: Llama, buffers: StepBuffers, attention: StaticAttention) -> torch.Tensor:
+def _forward(
+    model: Llama, buffers: StepBuffers, attention: StaticAttention
+) -> tuple[torch.Tensor, torch.Tensor]:
     hidden = model.forward_hidden(buffers.token_ids[:, None], buffers.positions[:, None], attention)
-    return model.compute_logits(hidden[:, 0])
+    logits = model.compute_logits(hidden[:, 0])
+    return logits, greedy_picks(logits)
