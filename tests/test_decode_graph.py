@@ -116,6 +116,7 @@ def test_graph_engine_generates_the_eager_tokens(tiny, graph_engine):
     prompts, params = workload(seed=0, count=5)
     eager, _, _ = run(Engine(tiny, **POOL), prompts, params)
     graph, used, preempted = run(graph_engine, prompts, params)
+    assert graph_engine.runner.graphs.direct_buckets == [2, 4]  # past dynamo, every step
     assert graph == eager
     assert sum(used) > 0 and 0 in used  # graph steps and eager (prefill, 5-row) steps
     assert preempted > 0  # the cramped pool preempted someone
@@ -249,6 +250,33 @@ def test_two_engines_of_the_same_shapes_run_their_own_graphs(tiny):
     for model, engine, output in zip((tiny, other), engines, outputs, strict=True):
         assert output == Engine(model, num_blocks=16, num_slots=2).generate(prompts, params)
         assert engine.runner.graph_steps > 0
+
+
+def test_a_graph_called_past_dynamo_computes_what_dynamo_calls(graph_engine):
+    """Rows in the bucket's own buffers take the compiled function directly; the same rows
+    in other tensors go through dynamo's call: the logits, the picks and the K/V written
+    are the same."""
+    graphs, cache = graph_engine.runner.graphs, graph_engine.runner.cache
+    rows = [PagedRow([17], 6, [3, 7]), PagedRow([4], 2, [9])]
+    other = flex_inputs.DecodeInputBuffers(2, cache.num_blocks, cache.block_size, 12)
+    saved = [tensor.clone() for tensor in cache.keys + cache.values]  # the prefix cache's K/V
+    results = []
+    try:
+        for inputs in (graphs.inputs_for(rows, 2), other.fill(rows)):
+            for tensor in cache.keys + cache.values:
+                tensor.zero_()
+            with torch.inference_mode():
+                logits = graphs(rows, 2, inputs).clone()
+            written = [tensor.clone() for tensor in cache.keys + cache.values]
+            results.append((logits, graphs.greedy_picks.clone(), written))
+    finally:
+        for tensor, before in zip(cache.keys + cache.values, saved, strict=True):
+            tensor.copy_(before)
+    (direct, direct_picks, direct_kv), (dynamo, dynamo_picks, dynamo_kv) = results
+    torch.testing.assert_close(direct, dynamo)
+    assert direct_picks.tolist() == dynamo_picks.tolist()
+    assert all(torch.equal(a, b) for a, b in zip(direct_kv, dynamo_kv, strict=True))
+    assert any(tensor.abs().sum() > 0 for tensor in direct_kv)
 
 
 def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine):

@@ -54,7 +54,8 @@ def graph_report(graphs: DecodeGraphs | StaticDecodeGraphs) -> str:
     """One line per bucket of what start-up spent on it, and the buckets in use.
 
     For captured graphs, the warm-up and capture seconds, or why the bucket was left out
-    (its decodes run eager); for compiled ones, the compile seconds."""
+    (its decodes run eager); for compiled ones, the compile seconds and whether the compiled
+    function is called directly (`DecodeGraphs.direct_buckets`)."""
     lines = [f"decode graph buckets in use: {graphs.buckets or 'none (every step eager)'}"]
     if isinstance(graphs, StaticDecodeGraphs):
         for bucket in sorted(graphs.buffers):
@@ -67,5 +68,6 @@ def graph_report(graphs: DecodeGraphs | StaticDecodeGraphs) -> str:
             lines.append(f"  bucket {bucket}: warm-up {warmup:.3f} s, {how}")
     else:
         for bucket, seconds in sorted(graphs.compile_seconds.items()):
-            lines.append(f"  bucket {bucket}: compiled in {seconds:.3f} s")
+            how = "called directly" if bucket in graphs.direct_buckets else "called through dynamo"
+            lines.append(f"  bucket {bucket}: compiled in {seconds:.3f} s, {how}")
     return "\n".join(lines)
