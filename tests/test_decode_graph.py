@@ -279,6 +279,28 @@ def test_a_graph_called_past_dynamo_computes_what_dynamo_calls(graph_engine):
     assert any(tensor.abs().sum() > 0 for tensor in direct_kv)
 
 
+def test_a_new_thread_count_compiles_the_graph_again_before_it_is_called_directly(tiny):
+    """Inductor's CPU kernels are written for the thread count they were compiled at, so the
+    direct calls are kept per thread count: at a new count the first step goes through
+    dynamo, which compiles again, and the tokens stay the eager engine's."""
+    prompts = [[5, 9, 13, 2], [7, 1, 8]]
+    params = llmengine.SamplingParams(max_tokens=6, ignore_eos=True)
+    expected = Engine(tiny, num_blocks=16, num_slots=2).generate(prompts, params)
+    threads = torch.get_num_threads()
+    patch = quick_graphs()
+    try:
+        torch.set_num_threads(1)
+        engine = Engine(tiny, num_blocks=16, num_slots=2, decode_graph=(2,))
+        assert engine.runner.graphs.direct_buckets == [2]
+        torch.set_num_threads(2)
+        assert engine.runner.graphs.direct_buckets == []
+        assert engine.generate(prompts, params) == expected
+        assert engine.runner.graphs.direct_buckets == [2]
+    finally:
+        torch.set_num_threads(threads)
+        patch.undo()
+
+
 def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine):
     graphs = graph_engine.runner.graphs
     first = graphs.inputs_for([PagedRow([3], 2, [1])], 2)

@@ -132,18 +132,18 @@ class DecodeGraphs(BucketGraphs):
             self._decode, fullgraph=True, dynamic=False, backend=self._inductor
         )
         self._buffers: dict[int, DecodeInputBuffers] = {}
-        self._warming: int | None = None  # the bucket whose first call is compiling it
+        self._compiling: int | None = None  # the bucket of a call dynamo may compile for
         self._inductor_outputs: dict[int, CompiledBucket] = {}
-        self._direct: dict[int, CompiledBucket] = {}
+        # What each step calls directly, by bucket and torch thread count: inductor writes its
+        # CPU kernels for the thread count it compiles at (one compiled at one thread
+        # corrupted memory when run at two), and dynamo compiles again when the count changes.
+        self._direct: dict[tuple[int, int], CompiledBucket] = {}
         self.compile_seconds: dict[int, float] = {}
         self.buckets = sorted(buckets)
         for bucket in self.buckets:
             start = time.perf_counter()
-            self._warming = bucket
             with torch.inference_mode():
                 self(self.dummy_rows(bucket), bucket)
-            self._warming = None
-            self._call_directly(bucket)
             self.compile_seconds[bucket] = time.perf_counter() - start
 
     def _inductor(
@@ -152,30 +152,33 @@ class DecodeGraphs(BucketGraphs):
         """Dynamo's backend: inductor with this graph's options, as `torch.compile(options=...)`
         calls it, keeping what it compiled for the bucket being warmed up."""
         compiled = compile_fx(graph, example_inputs, config_patches=self._options)
-        if self._warming is not None:
-            self._inductor_outputs[self._warming] = CompiledBucket(compiled, list(example_inputs))
+        if self._compiling is not None:
+            self._inductor_outputs[self._compiling] = CompiledBucket(compiled, list(example_inputs))
         return compiled
 
     def _call_directly(self, bucket: int) -> None:
-        """From now on call `bucket`'s compiled function directly, past dynamo, when every
-        argument it takes is one of the bucket's own tensors: its input buffers and the
-        cache's, the same objects at every step, so its argument list never changes.
-        Dynamo's call (guards, frame evaluation, wrappers) cost about a third of a one-row
-        step of the embedded model on a 2-core EPYC (reports/wallclock/host-split.md); what
-        its guards watch cannot change here: the weights are folded in, the tensors are the
-        same, every call runs under inference mode (checked at each call)."""
+        """If dynamo has just compiled `bucket` for the current thread count, call what it
+        compiled directly from now on, past dynamo, when every argument it takes is one of the
+        bucket's own tensors: its input buffers and the cache's, the same objects at every
+        step, so its argument list never changes. Dynamo's call (guards, frame evaluation,
+        wrappers) cost a third of a one-row call of the embedded model's graph on a 2-core
+        EPYC; what its guards watch cannot change here but the thread count, which the
+        direct calls are keyed by: the weights are folded in, the tensors are the same, and
+        every call runs under inference mode (checked at each call)."""
         compiled = self._inductor_outputs.pop(bucket, None)
         own = [*self._buffers[bucket].inputs[:3], *self._buffers[bucket].inputs[3]]
         own += [*self.keys, *self.values]
         if compiled is not None and all(
             any(argument is tensor for tensor in own) for argument in compiled.arguments
         ):
-            self._direct[bucket] = compiled
+            self._direct[bucket, torch.get_num_threads()] = compiled
 
     @property
     def direct_buckets(self) -> list[int]:
-        """The buckets whose compiled function each step calls directly, past dynamo."""
-        return sorted(self._direct)
+        """The buckets whose compiled function each step calls directly, past dynamo, at the
+        current torch thread count."""
+        threads = torch.get_num_threads()
+        return sorted(bucket for bucket, compiled_at in self._direct if compiled_at == threads)
 
     def _decode(
         self,
@@ -218,12 +221,18 @@ class DecodeGraphs(BucketGraphs):
         bucket = len(rows) if bucket is None else bucket
         if inputs is None:
             inputs = self.inputs_for(rows, bucket)
-        direct = self._direct.get(bucket)
+        direct = self._direct.get((bucket, torch.get_num_threads()))
         own_inputs = bucket in self._buffers and inputs is self._buffers[bucket].inputs
         if direct is not None and own_inputs and torch.is_inference_mode_enabled():
             logits, picks = direct.function(*direct.arguments)
         else:
-            with self._inductor_patch, self._dynamo_patch:
-                logits, picks = self._compiled(*inputs, self.keys, self.values)
+            self._compiling = bucket if own_inputs else None
+            try:
+                with self._inductor_patch, self._dynamo_patch:
+                    logits, picks = self._compiled(*inputs, self.keys, self.values)
+            finally:
+                self._compiling = None
+            if own_inputs:
+                self._call_directly(bucket)
         self.greedy_picks = picks[:, : len(rows)]
         return logits[: len(rows)]
