@@ -50,10 +50,12 @@ PARTS = (
          "tokens ahead and check them in one forward"),
     Part("Watching it run", 29, 29, "read a live server's event feed and draw from it, while "
          "it runs, the pool over time, the eviction cascade and the rates"),
-    Part("Beside the big engines", 30, 30, "set llmengine beside vLLM, SGLang, llama.cpp and "
+    Part("Beside the big engines", 30, 31, "set llmengine beside vLLM, SGLang, llama.cpp and "
          "TensorRT-LLM feature by feature, each claim traced to its documentation, and measure "
          "on llmengine what two of their choices change: how finely a prefix is reused and "
-         "what a token of context costs"),
+         "what a token of context costs; then take the host's work off one stream's step, as "
+         "they do: one call for the whole step, inputs that stay put, the greedy pick in the "
+         "graph, the host beside the forward"),
 )  # fmt: skip
 
 
