@@ -243,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         header(args, peers, argv), rows, greedy_table(greedy), time.perf_counter() - start, settings
     )
     name = REPORT + ("-decode-graph" if args.decode_graph else "")
+    # A run of some models only says which in its name, and leaves the full report alone.
+    name += "" if set(names) == set(plan.MODELS) else "-" + "-".join(names)
     name += "-offline" if args.no_http else ""
     print(f"wrote {write_report(name, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
