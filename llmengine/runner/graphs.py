@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch._inductor.compile_fx import compile_fx
 
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
@@ -150,7 +149,10 @@ class DecodeGraphs(BucketGraphs):
         self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
     ) -> Callable[..., Any]:
         """Dynamo's backend: inductor with this graph's options, as `torch.compile(options=...)`
-        calls it, keeping what it compiled for the bucket being warmed up."""
+        calls it, keeping what it compiled for the bucket of the call it compiles for."""
+        # Imported here: inductor pulls in dynamo, which an engine without graphs never needs.
+        from torch._inductor.compile_fx import compile_fx
+
         compiled = compile_fx(graph, example_inputs, config_patches=self._options)
         if self._compiling is not None:
             self._inductor_outputs[self._compiling] = CompiledBucket(compiled, list(example_inputs))
