@@ -27,7 +27,10 @@ def tokenizer() -> Any:
 def exercise_answers_unprinted(request: pytest.FixtureRequest) -> Iterator[None]:
     """In `test_exercises_NN.py`, every right answer a checker compares with must not be shown
     by lesson NN before its exercises (`test_book.printed_answer`): an exercise that asks for a
-    number the lesson printed teaches nothing."""
+    number the lesson printed teaches nothing. Only exact answers are looked for: one checked
+    within a tolerance is an estimate, often made from a nearby number the lesson shows on
+    purpose (lesson 19's operators at 4 rows from its count at 16), which a measured count
+    can equal by chance."""
     lesson = re.fullmatch(r"test_exercises_(\d\d)", request.module.__name__.rpartition(".")[2])
     if lesson is None:
         yield
@@ -40,5 +43,9 @@ def exercise_answers_unprinted(request: pytest.FixtureRequest) -> Iterator[None]
         yield
     (notebook,) = [path for path in LESSONS if path.name.startswith(lesson.group(1))]
     cells = cells_of(notebook)
-    shown = {f"{what} = {expected!r}": printed_answer(cells, expected) for what, expected in seen}
+    shown = {
+        f"{what} = {expected!r}": printed_answer(cells, expected)
+        for what, expected, tolerance in seen
+        if tolerance == 0
+    }
     assert {what: at for what, at in shown.items() if at} == {}, f"answers shown in {notebook.name}"

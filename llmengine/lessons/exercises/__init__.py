@@ -41,17 +41,18 @@ class Verdict:
         return f"{label}: {self.message}"
 
 
-_RECORDERS: list[list[tuple[str, Any]]] = []
+_RECORDERS: list[list[tuple[str, Any, float]]] = []
 
 
 @contextlib.contextmanager
-def recording_answers() -> Iterator[list[tuple[str, Any]]]:
-    """Collect `(what, expected)` for every answer `check_value` compares while the block runs.
+def recording_answers() -> Iterator[list[tuple[str, Any, float]]]:
+    """Collect `(what, expected, tolerance)` for every answer `check_value` compares while the
+    block runs.
 
     The book's tests use it to look for each right answer in the lesson's printed output: an
     exercise must ask for something the reader works out, not something the lesson showed.
     """
-    seen: list[tuple[str, Any]] = []
+    seen: list[tuple[str, Any, float]] = []
     _RECORDERS.append(seen)
     try:
         yield seen
@@ -76,7 +77,7 @@ def check_value(
     if answer is None:
         return Verdict(None, f"set your answer for {what} and run the cell again.")
     for seen in _RECORDERS:
-        seen.append((what, expected))
+        seen.append((what, expected, tolerance))
     if _is_number(answer) and _is_number(expected):
         close = math.isclose(answer, expected, rel_tol=tolerance, abs_tol=0.0)
         right = answer == expected if tolerance == 0 else close
