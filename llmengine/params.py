@@ -169,6 +169,17 @@ class SamplingParams:
         """True when the next token is the argmax, with no randomness at all."""
         return self.temperature == 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """True when the raw logits' argmax is all a row needs: greedy, nothing that adjusts
+        the logits, no constraint, no logprobs (a decode graph's greedy picks serve it)."""
+        return (
+            self.greedy
+            and not self.adjusts_logits
+            and self.constraint is None
+            and self.logprobs is None
+        )
+
 
 def _normalised_logit_bias(
     bias: Mapping[int, float] | Iterable[tuple[int, float]],

@@ -25,7 +25,7 @@ from llmengine.model.llama import Llama
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.forward import paged_forward
 from llmengine.runner.loading import load_model
-from llmengine.runner.sampler import together_or_alone
+from llmengine.runner.row_faults import together_or_alone
 from llmengine.sampling import apply_logit_bias, dense_distribution, draw_one
 from llmengine.scheduling.decision import ScheduledRow
 

@@ -18,15 +18,15 @@ lets go when the request is done.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from llmengine.model.config import LlamaConfig
 from llmengine.outcome import StepResult
-from llmengine.params import SamplingParams
 from llmengine.prompt_logprobs import PromptLogprobs
+from llmengine.runner.row_faults import together_or_alone
 from llmengine.sampling import draw_tokens, make_generator, suppressed_tokens, token_logprobs
 from llmengine.scheduling.decision import ScheduledRow
 from llmengine.scheduling.request import Request
@@ -35,46 +35,6 @@ from llmengine.structured.matchers import RequestGrammars
 
 NOT_FINITE = "the model's logits were not finite"
 NO_TOKEN_ALLOWED = "the grammar allows no token here"
-
-
-def together_or_alone(
-    generators: Sequence[torch.Generator | None],
-    together: Callable[[], None],
-    alone: Callable[[int], None],
-) -> dict[int, Exception]:
-    """Run `together()`, the work of every row at once (row i drawing from `generators[i]`);
-    if it raises, run `alone(i)` for each row instead, each seeded generator put back where it
-    stood first (and again if its row raises), so every other row draws exactly what it would
-    have drawn. Returns the rows whose lone run raised, with the error: none when the rows
-    went together. How a step tells whose fault a fault is."""
-    states = [None if generator is None else generator.get_state() for generator in generators]
-    try:
-        together()
-        return {}
-    except Exception:
-        pass  # a fault of some row, or of none: running them one by one tells which
-    failures: dict[int, Exception] = {}
-    for row, (generator, state) in enumerate(zip(generators, states, strict=True)):
-        if generator is not None:
-            generator.set_state(state)
-        try:
-            alone(row)
-        except Exception as error:
-            if generator is not None:
-                generator.set_state(state)
-            failures[row] = error
-    return failures
-
-
-def is_plain_greedy(params: SamplingParams) -> bool:
-    """Whether a row's token is its logits' argmax and nothing else is asked of them: greedy,
-    nothing that adjusts the logits, no constraint, no logprobs."""
-    return (
-        params.greedy
-        and not params.adjusts_logits
-        and params.constraint is None
-        and params.logprobs is None
-    )
 
 
 class Sampler:
@@ -150,10 +110,10 @@ class Sampler:
         complete before `min_tokens`, fails its request alone (`NO_TOKEN_ALLOWED`), as does a
         row whose grammar, draw or log-probabilities raise, one that drew a token its mask
         refused, or one that would end before its grammar is complete: no output outside its
-        constraint is ever kept. Rows that are all plain greedy (`is_plain_greedy`) take
+        constraint is ever kept. Rows that are all plain greedy (`SamplingParams.plain_greedy`) take
         `greedy_picks` when given: the argmax and finite check the forward made already."""
         requests = [rows[index].request for index in plain]
-        if greedy_picks is not None and all(is_plain_greedy(r.params) for r in requests):
+        if greedy_picks is not None and all(r.params.plain_greedy for r in requests):
             picks = greedy_picks if len(plain) == greedy_picks.shape[1] else greedy_picks[:, plain]
             drawn, finite_rows = picks.tolist()
             self._keep(requests, drawn, finite_rows, None, None, result)
