@@ -131,8 +131,7 @@ class DecodeGraphs(BucketGraphs):
             self._decode, fullgraph=True, dynamic=False, backend=self._inductor
         )
         self._buffers: dict[int, DecodeInputBuffers] = {}
-        self._compiling: int | None = None  # the bucket of a call dynamo may compile for
-        self._inductor_outputs: dict[int, CompiledBucket] = {}
+        self._just_compiled: CompiledBucket | None = None  # by the call in progress, if any
         # What each step calls directly, by bucket and torch thread count: inductor writes its
         # CPU kernels for the thread count it compiles at (one compiled at one thread
         # corrupted memory when run at two), and dynamo compiles again when the count changes.
@@ -149,30 +148,28 @@ class DecodeGraphs(BucketGraphs):
         self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
     ) -> Callable[..., Any]:
         """Dynamo's backend: inductor with this graph's options, as `torch.compile(options=...)`
-        calls it, keeping what it compiled for the bucket of the call it compiles for."""
+        calls it, keeping what it compiled for the call in progress (`_call_directly`)."""
         # Imported here: inductor pulls in dynamo, which an engine without graphs never needs.
         from torch._inductor.compile_fx import compile_fx
 
         compiled = compile_fx(graph, example_inputs, config_patches=self._options)
-        if self._compiling is not None:
-            self._inductor_outputs[self._compiling] = CompiledBucket(compiled, list(example_inputs))
+        self._just_compiled = CompiledBucket(compiled, list(example_inputs))
         return compiled
 
-    def _call_directly(self, bucket: int) -> None:
-        """If dynamo has just compiled `bucket` for the current thread count, call what it
-        compiled directly from now on, past dynamo, when every argument it takes is one of the
+    def _call_directly(self, bucket: int, compiled: CompiledBucket) -> None:
+        """Call what dynamo has just compiled for `bucket` at the current thread count
+        directly from now on, past dynamo, when every argument it takes is one of the
         bucket's own tensors: its input buffers and the cache's, the same objects at every
         step, so its argument list never changes. Dynamo's call (guards, frame evaluation,
         wrappers) cost a third of a one-row call of the embedded model's graph on a 2-core
         EPYC; what its guards watch cannot change here but the thread count, which the
         direct calls are keyed by: the weights are folded in, the tensors are the same, and
         every call runs under inference mode (checked at each call)."""
-        compiled = self._inductor_outputs.pop(bucket, None)
-        own = [*self._buffers[bucket].inputs[:3], *self._buffers[bucket].inputs[3]]
-        own += [*self.keys, *self.values]
-        if compiled is not None and all(
-            any(argument is tensor for tensor in own) for argument in compiled.arguments
-        ):
+        buffers = self._buffers.get(bucket)
+        if buffers is None:
+            return
+        own = [*buffers.inputs[:3], *buffers.inputs[3], *self.keys, *self.values]
+        if all(any(argument is tensor for tensor in own) for argument in compiled.arguments):
             self._direct[bucket, torch.get_num_threads()] = compiled
 
     @property
@@ -228,13 +225,10 @@ class DecodeGraphs(BucketGraphs):
         if direct is not None and own_inputs and torch.is_inference_mode_enabled():
             logits, picks = direct.function(*direct.arguments)
         else:
-            self._compiling = bucket if own_inputs else None
-            try:
-                with self._inductor_patch, self._dynamo_patch:
-                    logits, picks = self._compiled(*inputs, self.keys, self.values)
-            finally:
-                self._compiling = None
-            if own_inputs:
-                self._call_directly(bucket)
+            self._just_compiled = None
+            with self._inductor_patch, self._dynamo_patch:
+                logits, picks = self._compiled(*inputs, self.keys, self.values)
+            if self._just_compiled is not None:
+                self._call_directly(bucket, self._just_compiled)
         self.greedy_picks = picks[:, : len(rows)]
         return logits[: len(rows)]
