@@ -202,13 +202,17 @@ def sample_tokens(
     return draw_tokens(logits, params, generators, histories, eos_token_ids).tolist()
 
 
+def tokens_and_finite(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """`[2, rows]`: each row's token, and 1 where all of its `logits` `[rows, vocab]` are
+    finite: what a step reads back of its rows, in one transfer (`Sampler`)."""
+    return torch.stack([tokens, torch.isfinite(logits).all(dim=-1).to(tokens.dtype)])
+
+
 def greedy_picks(logits: torch.Tensor) -> torch.Tensor:
-    """`[2, rows]` int64 for `logits` `[rows, vocab]`: each row's argmax (its greedy token,
-    what `draw_tokens` draws for a plain greedy row) and 1 where all its logits are finite.
-    A decode graph computes these inside itself, so that a step of plain greedy rows reads
-    back only them (`Sampler`)."""
-    finite = torch.isfinite(logits).all(dim=-1).long()
-    return torch.stack([logits.argmax(dim=-1), finite])
+    """`tokens_and_finite` of each row's argmax (its greedy token, what `draw_tokens` draws
+    for a plain greedy row), int64. A decode graph computes these inside itself, so that a
+    step of plain greedy rows reads back only them."""
+    return tokens_and_finite(logits.argmax(dim=-1), logits)
 
 
 def draw_tokens(

@@ -27,7 +27,13 @@ from llmengine.model.config import LlamaConfig
 from llmengine.outcome import StepResult
 from llmengine.prompt_logprobs import PromptLogprobs
 from llmengine.runner.row_faults import together_or_alone
-from llmengine.sampling import draw_tokens, make_generator, suppressed_tokens, token_logprobs
+from llmengine.sampling import (
+    draw_tokens,
+    make_generator,
+    suppressed_tokens,
+    token_logprobs,
+    tokens_and_finite,
+)
 from llmengine.scheduling.decision import ScheduledRow
 from llmengine.scheduling.request import Request
 from llmengine.speculative.verify import cut_at_finish, verify_drafts
@@ -143,8 +149,7 @@ class Sampler:
         if not requests:
             return
         tokens = self._tokens(requests, masked, result)
-        finite = torch.isfinite(raw).all(dim=-1).to(tokens.dtype)
-        drawn, finite_rows = torch.stack([tokens, finite]).tolist()
+        drawn, finite_rows = tokens_and_finite(tokens, raw).tolist()
         self._keep(requests, drawn, finite_rows, allowed, raw, result)
 
     def _keep(
