@@ -32,6 +32,20 @@ STAGES = (
 HOST_STAGES = tuple(name for name, _, _ in STAGES if name != "forward") + ("rest",)
 
 
+def time_calls(owner: Any, method: str, record: Callable[[float, float], None]) -> None:
+    """Wrap `owner`'s `method` on the instance, never its class, so that each call that
+    returns hands its start and end (`time.perf_counter`) to `record`."""
+    real = getattr(owner, method)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        result = real(*args, **kwargs)
+        record(start, time.perf_counter())
+        return result
+
+    setattr(owner, method, timed)
+
+
 class StageClock:
     """Seconds per call of each stage of `engine`'s step (its instances' methods wrapped);
     the forward's clock waits for the device when there is one, so it is the forward's."""
@@ -42,17 +56,8 @@ class StageClock:
             owner: Any = engine
             for attribute in path.split("."):
                 owner = getattr(owner, attribute)
-            setattr(owner, method, self._timed(getattr(owner, method), self.seconds[name]))
-
-    @staticmethod
-    def _timed(method: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            result = method(*args, **kwargs)
-            into.append(time.perf_counter() - start)
-            return result
-
-        return timed
+            into = self.seconds[name]
+            time_calls(owner, method, lambda start, end, into=into: into.append(end - start))
 
     def clear(self) -> None:
         for seconds in self.seconds.values():

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from matplotlib.figure import Figure
 
+from llmengine.bench.host_split import time_calls
 from llmengine.engine import Engine
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
@@ -83,20 +84,13 @@ def record_timeline(engine: Engine, prompt: list[int], steps: int) -> Timeline:
     """Run one greedy stream for `steps` decode steps after its prefill, recording each step's
     forward and host work on the engine's thread and, with the overlap, each guess the
     worker built (the engine's objects are wrapped, never their classes)."""
-    timeline, origin = Timeline(), [0.0]
+    timeline, origin = Timeline(), 0.0  # origin: set when the first timed step starts
 
     def timed(owner: Any, method: str, lane: str) -> None:
-        real = getattr(owner, method)
+        def record(start: float, end: float) -> None:
+            timeline.add(lane, (start - origin) * 1e3, (end - origin) * 1e3)
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return real(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                timeline.add(lane, (start - origin[0]) * 1e3, (end - origin[0]) * 1e3)
-
-        setattr(owner, method, wrapper)
+        time_calls(owner, method, record)
 
     engine.add_request(prompt, SamplingParams(max_tokens=steps + 1, ignore_eos=True))
     engine.step()  # the prefill
@@ -104,7 +98,7 @@ def record_timeline(engine: Engine, prompt: list[int], steps: int) -> Timeline:
     timed(engine, "step", "step")
     if engine.runner.overlap is not None:
         timed(engine.runner.overlap, "_build", "worker: next step's inputs")
-    origin[0] = time.perf_counter()
+    origin = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
     recorded = timeline.lanes
