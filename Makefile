@@ -13,14 +13,19 @@ export JUPYTER_PREFER_ENV_PATH := 1
 export PYTHONHASHSEED := 0
 # One intra-op thread for lessons and tests (see conftest.py for why); benchmarks may override.
 export OMP_NUM_THREADS ?= 1
+# Bytecode is written on first import: with none, each of the hundreds of Python processes a
+# test run starts (servers, kernels, workers) would compile torch's modules again, 2 s each.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: reports test lab lint format model bench peers cuda-check wheels-for-device browser
 
 # torch goes first and pinned: a bare torch pulled in by a dependency is a multi-GB CUDA build.
+# --no-compile: pip would byte-compile every module of every package (a minute on 2 cores);
+# Python compiles only what is imported, once, when it may write bytecode (below).
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --no-compile torch==2.13.0
+	$(BIN)/pip install --no-compile -e '.[dev]'
 	touch $@
 
 # Execute every lesson in place, in name order, writing figures/ and reports/; then
