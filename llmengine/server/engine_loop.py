@@ -7,7 +7,9 @@ thread) is read once, as `EngineFacts`, before that thread starts. The HTTP side
 through a queue of commands (add, abort, stop). The thread takes every pending command, then
 steps once if anything is unfinished, and blocks on the queue when idle (no busy spin). Each
 engine request's tokens go back to the asyncio loop that asked for it, into an asyncio.Queue
-of its own, via `loop.call_soon_threadsafe`. A request that ends (finished or aborted) has
+of its own: a step's events for one loop go in one `loop.call_soon_threadsafe`, since each
+such call wakes the loop through a socket (two system calls, and a turn of the loop, per
+token and stream otherwise). A request that ends (finished or aborted) has
 its record released from the engine at once, so a server that runs for ever holds none.
 The live feed (`EngineEvents`) is fed on this thread too: each step's outcome and time, and
 a snapshot of the pool and queues when one is due and someone listens.
@@ -80,10 +82,11 @@ class _Sink:
     last_token_at: float | None = None
     cached_tokens: int | None = None  # set when first admitted
 
-    def put(self, event: TokenEvent | PromptEvent | Exception) -> None:
-        # RuntimeError: that event loop is closed, so nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+def _put_all(posted: list[tuple[asyncio.Queue, TokenEvent | PromptEvent | Exception]]) -> None:
+    """On the asyncio loop: each posted event into its queue, in the order posted."""
+    for events, event in posted:
+        events.put_nowait(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,8 @@ class EngineLoop:
         self.on_fatal = on_fatal  # called on the engine thread if its loop cannot go on
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, _Sink] = {}
+        # Events posted during a step (or an abort of all), by the loop they go to.
+        self._posted: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
         self._thread: threading.Thread | None = None
         self.events = EngineEvents(metrics)  # the live feed, fed on the engine thread
         self.events.wake = lambda: self._commands.put(_WAKE)
@@ -343,7 +348,7 @@ class EngineLoop:
                 sink.cached_tokens = outcome.cached_prefix.get(request_id, 0)
         for request_id, entries in outcome.prompt_logprobs.items():
             if (sink := self._sinks.get(request_id)) is not None:
-                sink.put(PromptEvent(request_id, entries))
+                self._post(sink, PromptEvent(request_id, entries))
         for request_id in outcome.tokens:
             sink = self._sinks.get(request_id)
             if sink is None:
@@ -359,6 +364,19 @@ class EngineLoop:
             self._fail(request_id, error, abort=False)
         for request_id in finished:
             self._end(request_id, abort=False)
+        self._send_posted()
+
+    def _post(self, sink: _Sink, event: TokenEvent | PromptEvent | Exception) -> None:
+        """Queue `event` for `sink`'s loop; `_send_posted` hands them over."""
+        self._posted.setdefault(sink.loop, []).append((sink.events, event))
+
+    def _send_posted(self) -> None:
+        """Hand each loop the events posted for it, in one call."""
+        posted, self._posted = self._posted, {}
+        for loop, events in posted.items():
+            # RuntimeError: that event loop is closed, so nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, events)
 
     def _deliver_tokens(
         self,
@@ -382,14 +400,14 @@ class EngineLoop:
                 reason = self.engine.request(request_id).finish_reason
             logprobs = outcome.logprobs.get(request_id)
             cached = sink.cached_tokens or 0
-            sink.put(TokenEvent(request_id, token_id, logprobs, reason, cached))
+            self._post(sink, TokenEvent(request_id, token_id, logprobs, reason, cached))
 
     def _fail(self, request_id: int, error: Exception, *, abort: bool = True) -> None:
         """Tell one request's client `error` and end the request, aborting it unless the
         engine already has."""
         sink = self._sinks.get(request_id)
         if sink is not None:
-            sink.put(error)
+            self._post(sink, error)
         self._end(request_id, abort=abort, reason="error")
 
     def _end(self, request_id: int, *, abort: bool, reason: str = "abort") -> None:
@@ -407,11 +425,12 @@ class EngineLoop:
     def _abort_all(self, error: Exception) -> None:
         """Tell every waiting client `error` and end its requests."""
         for request_id in list(self._sinks):
-            self._sinks[request_id].put(error)
+            self._post(self._sinks[request_id], error)
             try:
                 self._end(request_id, abort=True)
             except (KeyError, ValueError):  # a step that failed half-way: forget it anyway
                 self._sinks.pop(request_id, None)
+        self._send_posted()
         self._publish()
 
     def _refuse_pending(self) -> None:
