@@ -2,7 +2,8 @@
 
 32 streaming clients on a pool small enough that the engine preempts get exactly the
 offline engine's texts; a client that disconnects, streaming or not, has its request aborted
-and its blocks back at once; and the engine keeps no record of any request once it ends.
+and its blocks back at once; the engine keeps no record of any request once it ends; and a
+step hands all its streams' tokens to the asyncio loop in one wake-up.
 """
 
 from __future__ import annotations
@@ -177,3 +178,51 @@ def test_an_idle_engine_thread_blocks_instead_of_spinning(slow: Served) -> None:
     time.sleep(0.5)
     assert time.process_time() - cpu < 0.1
     assert slow.engine.iteration == iteration
+
+
+def test_a_step_wakes_the_asyncio_loop_once_for_all_its_streams(
+    model: llmengine.Llama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `call_soon_threadsafe` writes to the loop's wake-up socket: the engine thread
+    hands a step's tokens for all its streams over in one, and they arrive in order."""
+    from llmengine.server.engine_loop import EngineLoop, TokenEvent
+    from llmengine.server.metrics import ServerMetrics
+
+    steps: list[int] = []
+    real_step = EngineLoop._step
+    monkeypatch.setattr(EngineLoop, "_step", lambda self: (steps.append(1), real_step(self)))
+    engine = llmengine.Engine(model, num_blocks=32, block_size=16, num_slots=4)
+    loop_of_engine = EngineLoop(engine, ServerMetrics(), max_waiting=8)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    expected = engine.generate(prompts, params)
+
+    async def run() -> tuple[dict[int, list[int]], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        real_call = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            nonlocal wakes
+            wakes += 1
+            return real_call(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        ids, events = await loop_of_engine.add(prompts, [params] * len(prompts))
+        wakes = 0  # from here on: the steps' hand-offs only
+        tokens: dict[int, list[int]] = {request_id: [] for request_id in ids}
+        finished = 0
+        while finished < len(ids):
+            event = await asyncio.wait_for(events.get(), TIMEOUT)
+            assert isinstance(event, TokenEvent)
+            tokens[event.request_id].append(event.token_id)
+            finished += event.finish_reason is not None
+        return tokens, wakes
+
+    loop_of_engine.start()
+    try:
+        tokens, wakes = asyncio.run(run())
+    finally:
+        loop_of_engine.stop()
+    assert list(tokens.values()) == expected
+    assert wakes <= len(steps) < len(prompts) * MAX_TOKENS
