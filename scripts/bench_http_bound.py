@@ -1,0 +1,174 @@
+"""What bounds llmengine over HTTP: the same burst in-process, and served at 1 and 2 threads.
+
+`make peers` serves the embedded model's mixed burst (48 requests at once, 16 slots) with the
+decode graph and compares it with `llama-server`. This script runs that burst three ways in
+interleaved rounds on one machine: through an `Engine` in the script's own process (no
+HTTP), and through `llmengine serve --decode-graph` with torch on 1 and on 2 threads, each
+server alone with the same streaming client (`llmengine bench --url`'s, in this process). If
+the served rate does not follow the forward's threads while the in-process rate is far
+above it, the server is bound by its Python work (the engine's host work, the HTTP side,
+the client), not by the forward's arithmetic. Writes `reports/wallclock/http-bound.md`.
+
+Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+import llmengine
+from llmengine.bench import throughput
+from llmengine.bench.http_client import run_over_http, served_model
+from llmengine.bench.peers import llamacpp, plan, servers
+from llmengine.bench.peers.results import current_load
+from llmengine.bench.serving_report import run_summary
+from llmengine.lessons.artifacts import machine_line, markdown_table, write_report
+
+REPORT = "http-bound"
+SLOTS, BLOCKS = plan.HTTP_SLOTS, 512  # as make peers' HTTP rows
+SERVED_THREADS = (1, 2)
+IN_PROCESS_THREADS = 2  # and llama-server's, as make peers runs it
+IN_PROCESS = "in-process"
+CALL_TIMEOUT_S = 300.0
+
+
+def serve_command(threads: int) -> tuple[list[str], dict[str, str]]:
+    """`llmengine serve` with the decode graph on the peers' pool, and its environment."""
+    command = [sys.executable, "-m", "llmengine", "serve", "--host", "127.0.0.1"]
+    command += ["--port", "{port}", "--model", str(llmengine.embedded_model_path())]
+    command += ["--max-num-seqs", str(SLOTS), "--num-blocks", str(BLOCKS), "--decode-graph"]
+    return command, plan.thread_env(threads)
+
+
+def llama_server(threads: int) -> tuple[list[str], dict[str, str]] | None:
+    """`llama-server` on the embedded model's f32 GGUF as `make peers` serves it, from the
+    binaries `make peers` built into `.cache/peers/` (None, saying why, where they are not)."""
+    cache = plan.cache_dir()
+    try:
+        llama = llamacpp.prepare(cache, build=False)
+        gguf = llamacpp.convert(
+            llama, llmengine.embedded_model_path(), cache / "gguf" / "embedded.gguf"
+        )
+        command = llamacpp.server_command(llama, gguf, SLOTS, threads)
+    except (OSError, RuntimeError) as error:
+        print(f"llama-server left out: {error}", flush=True)
+        return None
+    return command, plan.thread_env(threads)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--skip-llamacpp", action="store_true")
+    args = parser.parse_args(argv)
+    model = llmengine.load_model()
+    burst = plan.mixed_burst(plan.HTTP_REQUESTS, model.config.vocab_size)
+    torch.set_num_threads(IN_PROCESS_THREADS)  # the in-process graph is compiled for these
+    engine = llmengine.Engine(
+        model, num_blocks=BLOCKS, block_size=16, num_slots=SLOTS, decode_graph=True
+    )
+    commands = {f"served, {t} thread(s)": serve_command(t) for t in SERVED_THREADS}
+    peer = None if args.skip_llamacpp else llama_server(IN_PROCESS_THREADS)
+    if peer is not None:
+        commands[f"llama-server, {IN_PROCESS_THREADS} thread(s)"] = peer
+    rows: dict[str, list[dict[str, float]]] = {IN_PROCESS: [], **{way: [] for way in commands}}
+    started = time.perf_counter()
+    with contextlib.ExitStack() as running:
+        urls = {}
+        for index, (way, (command, env)) in enumerate(commands.items()):
+            log = plan.cache_dir() / "logs" / f"http-bound-{index}.log"
+            urls[way] = running.enter_context(
+                servers.running(command, env=env, log=log, start_timeout=1800)
+            )
+        throughput.run_on_engine(engine, burst)  # warm-ups, untimed
+        for url in urls.values():
+            run_over_http(f"{url}/v1", served_model(f"{url}/v1"), burst, timeout=CALL_TIMEOUT_S)
+        for round_ in range(args.rounds):
+            print(f"round {round_ + 1}/{args.rounds}", flush=True)
+            load = current_load()
+            run = throughput.run_on_engine(engine, burst)
+            rows[IN_PROCESS].append({"tok/s": run.tokens_per_s, "load": load})
+            for way, url in urls.items():
+                load = current_load()
+                api = f"{url}/v1"
+                served = run_over_http(api, served_model(api), burst, timeout=CALL_TIMEOUT_S)
+                summary = run_summary(served, request_rate=math.inf)
+                rows[way].append(
+                    {
+                        "tok/s": summary["output_token_throughput"],
+                        "ttft p50": summary["ttft_ms"]["p50"],
+                        "ttft p99": summary["ttft_ms"]["p99"],
+                        "tpot p50": summary["tpot_ms"]["p50"],
+                        "load": load,
+                    }
+                )
+    print(f"wrote {write_report(REPORT, report(rows, args.rounds, argv, started), wallclock=True)}")
+    return 0
+
+
+def report(
+    rows: dict[str, list[dict[str, float]]], rounds: int, argv: Sequence[str], started: float
+) -> str:
+    """The medians of the rounds per way, and what they say."""
+
+    def median(way: str, key: str) -> float:
+        values = [row[key] for row in rows[way] if key in row]
+        return statistics.median(values) if values else math.nan
+
+    table = markdown_table(
+        [
+            [
+                way,
+                median(way, "tok/s"),
+                median(way, "ttft p50"),
+                median(way, "ttft p99"),
+                median(way, "tpot p50"),
+                " / ".join(f"{row['load']:.1f}" for row in rows[way]),
+            ]
+            for way in rows
+        ],
+        ["the burst", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "load per round"],
+        ["", ",.0f", ".0f", ".0f", ".1f", ""],
+    )
+    one, two = (median(f"served, {t} thread(s)", "tok/s") for t in SERVED_THREADS)
+    findings = (
+        f"Served at 2 threads the burst runs at {two / one:.2f}x its rate at 1 thread, and "
+        f"in-process at {median(IN_PROCESS, 'tok/s') / two:.2f}x the rate served at 2 threads."
+    )
+    peer = next((way for way in rows if way.startswith("llama-server")), None)
+    if peer is not None:
+        theirs = median(peer, "tok/s")
+        findings += (
+            f" Against {peer}: llmengine served at 1 thread {one / theirs:.2f}x, "
+            f"at 2 threads {two / theirs:.2f}x."
+        )
+    command = " ".join(["scripts/bench_http_bound.py", *map(shlex.quote, argv)])
+    return (
+        "# What bounds llmengine over HTTP\n\n"
+        f"The embedded model's mixed burst ({plan.HTTP_REQUESTS} requests at once, prompts "
+        f"of 8-64 token ids, budgets of 8-128, greedy) on {SLOTS} slots with the decode "
+        "graph: through an `Engine` in this process, and through `llmengine serve "
+        "--decode-graph` at 1 and 2 torch threads (and `llama-server` on the same weights in "
+        "f32, as `make peers` runs it, where its build is at hand). Every server is started "
+        "first; each burst then runs with the others idle, through the same streaming "
+        f"client. Medians of {rounds} interleaved rounds; tok/s is output tokens over the "
+        "run (in-process: the whole `generate` call).\n\n"
+        f"{table.rstrip()}\n\n"
+        f"{findings}\n\n"
+        f"{machine_line()}. Run in {time.perf_counter() - started:.0f} s. "
+        f"Command: `{command}`.\n"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
