@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_speculative.py
 	$(BIN)/python scripts/bench_host_time.py
 	$(BIN)/python scripts/bench_host_split.py
+	env -u OMP_NUM_THREADS $(BIN)/python scripts/bench_http_bound.py
 	$(BIN)/python scripts/bench_engine_events.py
 	$(BIN)/python scripts/dashboard_screenshot.py
 
