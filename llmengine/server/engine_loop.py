@@ -9,8 +9,8 @@ steps once if anything is unfinished, and blocks on the queue when idle (no busy
 engine request's tokens go back to the asyncio loop that asked for it, into an asyncio.Queue
 of its own: a step's events for one loop go in one `loop.call_soon_threadsafe`, since each
 such call writes to the loop's wake-up socket (a system call per token and stream
-otherwise). A request that ends (finished or aborted) has
-its record released from the engine at once, so a server that runs for ever holds none.
+otherwise). A request that ends (finished or aborted) has its record released from the
+engine at once, so a server that runs for ever holds none.
 The live feed (`EngineEvents`) is fed on this thread too: each step's outcome and time, and
 a snapshot of the pool and queues when one is due and someone listens.
 """
