@@ -1,15 +1,16 @@
 """What bounds llmengine over HTTP: the same burst in-process, and served at 1 and 2 threads.
 
 `make peers` serves the embedded model's mixed burst (48 requests at once, 16 slots) with the
-decode graph and compares it with `llama-server`. This script runs that burst three ways in
-interleaved rounds on one machine: through an `Engine` in the script's own process (no
-HTTP), and through `llmengine serve --decode-graph` with torch on 1 and on 2 threads, each
-server alone with the same streaming client (`llmengine bench --url`'s, in this process). If
+decode graph and compares it with `llama-server`. This script runs that burst in interleaved
+rounds on one machine: through an `Engine` in the script's own process (no HTTP), through
+`llmengine serve --decode-graph` with torch on 1 and on 2 threads, and through `llama-server`
+where `make peers` built it. Every server is started first; each burst then runs with the
+others idle, through the same streaming client (`llmengine bench --url`'s, in this process). If
 the served rate does not follow the forward's threads while the in-process rate is far
 above it, the server is bound by its Python work (the engine's host work, the HTTP side,
 the client), not by the forward's arithmetic. Writes `reports/wallclock/http-bound.md`.
 
-Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R]
+Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R] [--skip-llamacpp]
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import torch
 import llmengine
 from llmengine.bench import throughput
 from llmengine.bench.http_client import run_over_http, served_model
-from llmengine.bench.peers import llamacpp, plan, servers
+from llmengine.bench.peers import llamacpp, plan, rounds, servers
 from llmengine.bench.peers.results import current_load
 from llmengine.bench.serving_report import run_summary
 from llmengine.lessons.artifacts import machine_line, markdown_table, write_report
 
 REPORT = "http-bound"
-SLOTS, BLOCKS = plan.HTTP_SLOTS, 512  # as make peers' HTTP rows
+SLOTS = plan.HTTP_SLOTS  # as make peers' HTTP rows
 SERVED_THREADS = (1, 2)
 IN_PROCESS_THREADS = 2  # and llama-server's, as make peers runs it
 IN_PROCESS = "in-process"
@@ -42,10 +43,9 @@ CALL_TIMEOUT_S = 300.0
 
 
 def serve_command(threads: int) -> tuple[list[str], dict[str, str]]:
-    """`llmengine serve` with the decode graph on the peers' pool, and its environment."""
-    command = [sys.executable, "-m", "llmengine", "serve", "--host", "127.0.0.1"]
-    command += ["--port", "{port}", "--model", str(llmengine.embedded_model_path())]
-    command += ["--max-num-seqs", str(SLOTS), "--num-blocks", str(BLOCKS), "--decode-graph"]
+    """`llmengine serve` with the decode graph as `make peers` runs it, and its environment."""
+    checkpoint = llmengine.embedded_model_path()
+    command = rounds.llmengine_serve_command(sys.executable, checkpoint, decode_graph=True)
     return command, plan.thread_env(threads)
 
 
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     burst = plan.mixed_burst(plan.HTTP_REQUESTS, model.config.vocab_size)
     torch.set_num_threads(IN_PROCESS_THREADS)  # the in-process graph is compiled for these
     engine = llmengine.Engine(
-        model, num_blocks=BLOCKS, block_size=16, num_slots=SLOTS, decode_graph=True
+        model, num_blocks=plan.HTTP_BLOCKS, block_size=16, num_slots=SLOTS, decode_graph=True
     )
     commands = {f"served, {t} thread(s)": serve_command(t) for t in SERVED_THREADS}
     peer = None if args.skip_llamacpp else llama_server(IN_PROCESS_THREADS)

@@ -25,6 +25,7 @@ PROMPT_LEN, DECODE_TOKENS, QUICK_DECODE_TOKENS = 32, 64, 24
 MIXED_REQUESTS, QUICK_MIXED_REQUESTS = 32, 8
 HTTP_REQUESTS, QUICK_HTTP_REQUESTS = 48, 16
 HTTP_SLOTS = 16  # sequences each server runs at once
+HTTP_BLOCKS = 512  # llmengine serve's KV pool for the HTTP rows, 16-token blocks
 PROMPT_LENS, BUDGETS = (8, 64), (8, 128)
 POISSON_RATES = (32.0, 8.0)
 CONTEXT_PER_SEQUENCE = 256  # >= the longest prompt plus the longest budget, in every workload

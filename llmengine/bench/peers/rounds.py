@@ -21,6 +21,7 @@ from llmengine.bench.peers.llamacpp import LlamaCpp
 from llmengine.bench.peers.plan import (
     GREEDY_PROMPTS,
     GREEDY_TOKENS,
+    HTTP_BLOCKS,
     HTTP_SLOTS,
     PROMPT_LEN,
     decode_workload,
@@ -293,18 +294,22 @@ def http_servers(
         table[VLLM] = (command, vllm_env(threads), "")
     else:
         table[VLLM] = (None, {}, peers.errors.get(VLLM, "skipped"))
-    command = [python, "-m", "llmengine", "serve", "--host", "127.0.0.1", "--port", "{port}"]
-    command += [
-        "--model",
-        str(checkpoint),
-        "--max-num-seqs",
-        str(HTTP_SLOTS),
-        "--num-blocks",
-        "512",
-    ]
-    command += ["--decode-graph"] if decode_graph else []
-    table[LLMENGINE] = (command, thread_env(threads), "")
+    table[LLMENGINE] = (
+        llmengine_serve_command(python, checkpoint, decode_graph),
+        thread_env(threads),
+        "",
+    )
     return table
+
+
+def llmengine_serve_command(python: str, checkpoint: Path, decode_graph: bool) -> list[str]:
+    """`llmengine serve` as the HTTP rows run it: `HTTP_SLOTS` sequences on a pool of
+    `HTTP_BLOCKS` blocks, with the decode graph or not; `{port}` is filled in by
+    `servers.running`."""
+    command = [python, "-m", "llmengine", "serve", "--host", "127.0.0.1", "--port", "{port}"]
+    command += ["--model", str(checkpoint), "--max-num-seqs", str(HTTP_SLOTS)]
+    command += ["--num-blocks", str(HTTP_BLOCKS)]
+    return command + (["--decode-graph"] if decode_graph else [])
 
 
 def http_rounds(
