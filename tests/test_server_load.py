@@ -30,6 +30,8 @@ from server_helpers import (
 import llmengine
 from llmengine.sampling import SamplingParams
 from llmengine.server import create_app, serve_in_thread
+from llmengine.server.engine_loop import EngineLoop, TokenEvent
+from llmengine.server.metrics import ServerMetrics
 
 CLIENTS = 32
 MAX_TOKENS = 12
@@ -185,9 +187,6 @@ def test_a_step_wakes_the_asyncio_loop_once_for_all_its_streams(
 ) -> None:
     """Each `call_soon_threadsafe` writes to the loop's wake-up socket: the engine thread
     hands a step's tokens for all its streams over in one, and they arrive in order."""
-    from llmengine.server.engine_loop import EngineLoop, TokenEvent
-    from llmengine.server.metrics import ServerMetrics
-
     steps: list[int] = []
     real_step = EngineLoop._step
     monkeypatch.setattr(EngineLoop, "_step", lambda self: (steps.append(1), real_step(self)))
