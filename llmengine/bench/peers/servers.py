@@ -50,6 +50,15 @@ def running(
     command: Sequence[str], *, env: dict[str, str], log: Path, start_timeout: float
 ) -> Iterator[str]:
     """Run `command` with `{port}` replaced by a free port; yield its root URL, then stop it."""
+    with started(command, env=env, log=log, start_timeout=start_timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def started(
+    command: Sequence[str], *, env: dict[str, str], log: Path, start_timeout: float
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`running`, yielding the server's process beside its URL (to read its CPU time)."""
     port = free_port()
     argv = [part.replace("{port}", str(port)) for part in command]
     url = f"http://{HOST}:{port}"
@@ -59,6 +68,6 @@ def running(
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             wait_until_healthy(url, process, start_timeout, log)
-            yield url
+            yield url, process
         finally:
             stop(process)
