@@ -8,7 +8,10 @@ where `make peers` built it. Every server is started first; each burst then runs
 others idle, through the same streaming client (`llmengine bench --url`'s, in this process). If
 the served rate does not follow the forward's threads while the in-process rate is far
 above it, the server is bound by its Python work (the engine's host work, the HTTP side,
-the client), not by the forward's arithmetic. Writes `reports/wallclock/http-bound.md`.
+the client), not by the forward's arithmetic. Each served burst also counts the CPU seconds
+the server and the client used (`llmengine.bench.cpu_time`): a server bound by its cores
+leaves none of them idle, one whose threads wait for each other does. Writes
+`reports/wallclock/http-bound.md`.
 
 Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R] [--skip-llamacpp]
 """
@@ -18,16 +21,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 import llmengine
 from llmengine.bench import throughput
+from llmengine.bench.cpu_time import idle_share, process_cpu_seconds
 from llmengine.bench.http_client import run_over_http, served_model
 from llmengine.bench.peers import llamacpp, plan, rounds, servers
 from llmengine.bench.peers.results import current_load
@@ -40,6 +45,7 @@ SERVED_THREADS = (1, 2)
 IN_PROCESS_THREADS = 2  # and llama-server's, as make peers runs it
 IN_PROCESS = "in-process"
 CALL_TIMEOUT_S = 300.0
+CORES = len(os.sched_getaffinity(0))  # the servers and the client share these
 
 
 def serve_command(threads: int) -> tuple[list[str], dict[str, str]]:
@@ -84,12 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[str, list[dict[str, float]]] = {IN_PROCESS: [], **{way: [] for way in commands}}
     started = time.perf_counter()
     with contextlib.ExitStack() as running:
-        urls = {}
+        urls, pids = {}, {}
         for index, (way, (command, env)) in enumerate(commands.items()):
             log = plan.cache_dir() / "logs" / f"http-bound-{index}.log"
-            urls[way] = running.enter_context(
-                servers.running(command, env=env, log=log, start_timeout=1800)
+            urls[way], process = running.enter_context(
+                servers.started(command, env=env, log=log, start_timeout=1800)
             )
+            pids[way] = process.pid
         throughput.run_on_engine(engine, burst)  # warm-ups, untimed
         for url in urls.values():
             run_over_http(f"{url}/v1", served_model(f"{url}/v1"), burst, timeout=CALL_TIMEOUT_S)
@@ -101,17 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             for way, url in urls.items():
                 load = current_load()
                 api = f"{url}/v1"
+                server_cpu, client_cpu = process_cpu_seconds(pids[way]), time.process_time()
+                wall = time.perf_counter()
                 served = run_over_http(api, served_model(api), burst, timeout=CALL_TIMEOUT_S)
+                wall = time.perf_counter() - wall
+                client_cpu = time.process_time() - client_cpu
+                server_after = process_cpu_seconds(pids[way])
                 summary = run_summary(served, request_rate=math.inf)
-                rows[way].append(
-                    {
-                        "tok/s": summary["output_token_throughput"],
-                        "ttft p50": summary["ttft_ms"]["p50"],
-                        "ttft p99": summary["ttft_ms"]["p99"],
-                        "tpot p50": summary["tpot_ms"]["p50"],
-                        "load": load,
+                row = {
+                    "tok/s": summary["output_token_throughput"],
+                    "ttft p50": summary["ttft_ms"]["p50"],
+                    "ttft p99": summary["ttft_ms"]["p99"],
+                    "tpot p50": summary["tpot_ms"]["p50"],
+                    "load": load,
+                }
+                if server_cpu is not None and server_after is not None:
+                    server_cpu = server_after - server_cpu
+                    row |= {
+                        "server cpu": server_cpu,
+                        "client cpu": client_cpu,
+                        "idle": idle_share(server_cpu + client_cpu, wall, CORES),
                     }
-                )
+                rows[way].append(row)
     print(f"wrote {write_report(REPORT, report(rows, args.rounds, argv, started), wallclock=True)}")
     return 0
 
@@ -153,6 +171,7 @@ def report(
             f"at 2 threads {two / theirs:.2f}x."
         )
     command = " ".join(["scripts/bench_http_bound.py", *map(shlex.quote, argv)])
+    cpu = cpu_section(rows, median)
     return (
         "# What bounds llmengine over HTTP\n\n"
         f"The embedded model's mixed burst ({plan.HTTP_REQUESTS} requests at once, prompts "
@@ -165,8 +184,34 @@ def report(
         "run (in-process: the whole `generate` call).\n\n"
         f"{table.rstrip()}\n\n"
         f"{findings}\n\n"
+        f"{cpu}"
         f"{machine_line()}. Run in {time.perf_counter() - started:.0f} s. "
         f"Command: `{command}`.\n"
+    )
+
+
+def cpu_section(
+    rows: dict[str, list[dict[str, float]]], median: Callable[[str, str], float]
+) -> str:
+    """The CPU seconds each server and the client used per burst, and the cores' idle share
+    (empty where `/proc` could not say)."""
+    measured = [way for way in rows if any("server cpu" in row for row in rows[way])]
+    if not measured:
+        return ""
+    table = markdown_table(
+        [
+            [way, median(way, "server cpu"), median(way, "client cpu"), 100 * median(way, "idle")]
+            for way in measured
+        ],
+        ["CPU per burst", "server CPU s", "client CPU s", "cores idle %"],
+        ["", ".2f", ".2f", ".0f"],
+    )
+    idle = ", ".join(f"{way} {100 * median(way, 'idle'):.0f}%" for way in measured)
+    return (
+        f"{table.rstrip()}\n\n"
+        f"CPU seconds from `/proc` over each burst, the server's threads together and the "
+        f"client (this process); cores idle is the share of the {CORES} cores' time over the "
+        f"burst that neither used. Idle during the burst: {idle}.\n\n"
     )
 
 

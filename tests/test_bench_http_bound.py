@@ -3,6 +3,7 @@ computed from them (the measurement itself serves HTTP for minutes: run by hand)
 
 from __future__ import annotations
 
+import re
 import time
 
 from test_pipeline import load_script
@@ -41,3 +42,27 @@ def test_the_report_sets_both_served_rates_against_llama_server() -> None:
     assert "| llama-server, 2 thread(s) | 1,600 " in text
     assert "Against llama-server, 2 thread(s): llmengine served at 1 thread 0.94x" in text
     assert "at 2 threads 0.75x." in text
+
+
+def test_the_report_counts_the_cpu_each_server_and_the_client_used() -> None:
+    cpu = {"server cpu": 2.5, "client cpu": 0.5, "idle": 0.2}
+    rows = {
+        "in-process": [{"tok/s": 2000.0, "load": 1.0}],
+        "served, 1 thread(s)": [served(1500.0) | cpu],
+        "served, 2 thread(s)": [served(1200.0) | cpu, served(1300.0) | cpu | {"idle": 0.4}],
+        "llama-server, 2 thread(s)": [served(1600.0) | cpu | {"idle": 0.0}],
+    }
+    text = bound.report(rows, 2, [], time.perf_counter())
+    assert "| served, 2 thread(s) | 2.50 | 0.50 | 30 |" in re.sub(" +", " ", text)
+    assert "Idle during the burst: served, 1 thread(s) 20%, served, 2 thread(s) 30%" in text
+    assert "llama-server, 2 thread(s) 0%." in text
+    assert text.split("\n\n")[-1].startswith("Measured on")  # the lesson reads it last
+
+
+def test_without_cpu_counts_the_report_has_no_cpu_table() -> None:
+    rows = {
+        "in-process": [{"tok/s": 2000.0, "load": 1.0}],
+        "served, 1 thread(s)": [served(1500.0)],
+        "served, 2 thread(s)": [served(1200.0)],
+    }
+    assert "CPU per burst" not in bound.report(rows, 1, [], time.perf_counter())
