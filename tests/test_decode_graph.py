@@ -312,20 +312,23 @@ def test_decode_inputs_are_written_into_the_same_tensors_every_step(graph_engine
         graphs.inputs_for([PagedRow([4], 9, [5, 6])], 2)
 
 
-def test_paged_decode_attention_reads_the_gathered_keys():
+@pytest.mark.parametrize("heads", [2, 4, 8])
+def test_paged_decode_attention_reads_the_gathered_keys(heads):
     """The in-place read through the block mask equals attention over keys copied out
     position by position (what the eager forward does), for rows ending mid-block and on a
-    block boundary, sharing no block."""
+    block boundary, sharing no block; with one query head per K/V head, and with 2 and 4
+    sharing one (each group the mask's query positions)."""
     generator = torch.Generator().manual_seed(0)
     block_size, num_blocks, kv_heads, head_dim = 4, 9, 2, 16
     keys = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=generator)
     values = torch.randn(keys.shape, generator=generator)
     tables = torch.tensor([[5, 1, 7, 0, 0, 0, 0, 0, 0], [2, 8, 0, 0, 0, 0, 0, 0, 0]])
     ends = torch.tensor([10, 8])
-    q = torch.randn(2, 1, 4, head_dim, generator=generator)
+    q = torch.randn(2, 1, heads, head_dim, generator=generator)
 
     def in_place(q, mask_tensors, keys, values):
-        block_mask = paged_flex.paged_block_mask(mask_tensors, keys.shape[0])
+        group = q.shape[2] // keys.shape[1]
+        block_mask = paged_flex.paged_block_mask(mask_tensors, keys.shape[0], group)
         return paged_flex.paged_decode_attention(q, keys, values, block_mask)
 
     tensors = flex_inputs.block_mask_tensors(ends, tables, block_size)

@@ -191,7 +191,9 @@ class DecodeGraphs(BucketGraphs):
         """Logits `[B, vocab]` for one new token per row, each row's K/V written at its index,
         and the greedy picks `[2, B]` (each row's argmax, whether its logits are all finite),
         which inductor fuses into the head's last pass: what gets compiled."""
-        block_mask = paged_block_mask(mask_tensors, keys[0].shape[0])
+        config = self.model.config  # this rank's heads, under tensor parallelism
+        group = config.num_attention_heads // config.num_key_value_heads
+        block_mask = paged_block_mask(mask_tensors, keys[0].shape[0], group)
         attention = FlexPagedAttention(keys, values, write_indices, block_mask)
         hidden = self.model.forward_hidden(token_ids[:, None], positions[:, None], attention)
         logits = self.model.compute_logits(hidden[:, 0])

@@ -17,10 +17,12 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
-def paged_block_mask(tensors: Sequence[torch.Tensor], num_slots: int) -> BlockMask:
+def paged_block_mask(tensors: Sequence[torch.Tensor], num_slots: int, group: int = 1) -> BlockMask:
     """The `flex_attention` block mask over a pool of `num_slots` from its tensors
     (`llmengine.runner.flex_inputs`: built outside the graph, since inductor's CPU flex
-    template found no kernel when these index tensors were computed inside it).
+    template found no kernel when these index tensors were computed inside it), for `group`
+    query positions per row: the query heads that share one K/V head
+    (`paged_decode_attention`).
 
     The block lists make the compiled kernel visit only a row's own blocks; the mask function
     states the whole rule (the slot's block is the row's, and its position precedes the row's
@@ -38,9 +40,9 @@ def paged_block_mask(tensors: Sequence[torch.Tensor], num_slots: int) -> BlockMa
         partial_tables[:, None, None],
         full_blocks[:, None, None],
         block_tables[:, None, None],
-        BLOCK_SIZE=(1, block_size),
+        BLOCK_SIZE=(group, block_size),
         mask_mod=sees,
-        seq_lengths=(1, num_slots),
+        seq_lengths=(group, num_slots),
         compute_q_blocks=False,
     )
 
@@ -74,13 +76,20 @@ def paged_decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: BlockMask
 ) -> torch.Tensor:
     """Attention `[B, 1, heads, head_dim]` of one query per row over the pool `[slots, kv_heads,
-    head_dim]`, read in place through `block_mask` (one batch view of the pool per row)."""
-    rows = q.shape[0]
+    head_dim]`, read in place through `block_mask` (one batch view of the pool per row), made
+    with `group` = heads / kv_heads.
+
+    The query heads that share a K/V head reach the kernel as that head's query positions,
+    `[B, kv_heads, group, head_dim]`, rather than as heads of their own (`enable_gqa`): the
+    kernel then reads each block of keys once per K/V head and multiplies it by `group`
+    queries at once, instead of reading it once per query head
+    (reports/wallclock/paged-attention.md)."""
+    rows, _, heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
     out = flex_attention(
-        q.transpose(1, 2),
+        q[:, 0].reshape(rows, kv_heads, heads // kv_heads, head_dim),
         keys.transpose(0, 1)[None].expand(rows, -1, -1, -1),
         values.transpose(0, 1)[None].expand(rows, -1, -1, -1),
         block_mask=block_mask,
-        enable_gqa=q.shape[2] != keys.shape[1],
     )
-    return out.transpose(1, 2)  # type: ignore[union-attr]
+    return out.reshape(rows, 1, heads, head_dim)  # type: ignore[union-attr]
