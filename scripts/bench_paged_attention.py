@@ -1,8 +1,9 @@
-"""Time one layer's decode attention three ways, for the attention shapes of the 25M and 100M
+"""Time one layer's decode attention four ways, for the attention shapes of the 25M and 100M
 models: eager (keys copied out of the pool position by position, then SDPA: what
-`paged_forward` does), the same compiled by inductor (what the decode graph did before it read
-in place), and `flex_attention` reading the pool in place through a block mask (what
-`llmengine.runner.graphs` does now).
+`paged_forward` does), the same compiled by inductor, and `flex_attention` reading the pool in
+place through a block mask, with each query head its own head (`enable_gqa`) or with the query
+heads that share a K/V head as its query positions (`paged_decode_attention`: what
+`llmengine.runner.graphs` does).
 
 Each row owns its own blocks, scattered over the pool, and reads a random length between half
 the context and the context. Times are the fastest of interleaved rounds: the machine is shared.
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 from llmengine.bench.decode_step import HELD_OUT_CONFIG, SHAPE_100M_CONFIG
 from llmengine.bench.throughput import cpu_model
@@ -40,8 +42,24 @@ def gathered(q, read, mask, keys, values):
     return grouped_query_attention(q, keys[read], values[read], mask=mask[:, None, None])
 
 
+def in_place_per_head(q, mask_tensors, keys, values):
+    """flex_attention with one query position per row and the query heads as heads."""
+    rows = q.shape[0]
+    out = flex_attention(
+        q.transpose(1, 2),
+        keys.transpose(0, 1)[None].expand(rows, -1, -1, -1),
+        values.transpose(0, 1)[None].expand(rows, -1, -1, -1),
+        block_mask=paged_block_mask(mask_tensors, keys.shape[0]),
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)
+
+
 def in_place(q, mask_tensors, keys, values):
-    return paged_decode_attention(q, keys, values, paged_block_mask(mask_tensors, keys.shape[0]))
+    """The decode graph's way: each K/V head's query heads as its query positions."""
+    group = q.shape[2] // keys.shape[1]
+    mask = paged_block_mask(mask_tensors, keys.shape[0], group)
+    return paged_decode_attention(q, keys, values, mask)
 
 
 def case(config: LlamaConfig, rows: int, context: int, seed: int = 0) -> dict[str, object]:
@@ -66,8 +84,9 @@ def case(config: LlamaConfig, rows: int, context: int, seed: int = 0) -> dict[st
     }
 
 
-def measure(config: LlamaConfig, rounds: int) -> list[tuple[int, int, float, float, float]]:
+def measure(config: LlamaConfig, rounds: int) -> list[tuple[int, int, float, float, float, float]]:
     compiled_gathered = torch.compile(gathered, dynamic=False)
+    compiled_per_head = torch.compile(in_place_per_head, dynamic=False)
     compiled_in_place = torch.compile(in_place, dynamic=False)
     results = []
     for rows in ROWS:
@@ -76,12 +95,14 @@ def measure(config: LlamaConfig, rounds: int) -> list[tuple[int, int, float, flo
             eager_args = (c["q"], c["read"], c["mask"], c["keys"], c["values"])
             flex_args = (c["q"], c["mask_tensors"], c["keys"], c["values"])
             expected = gathered(*eager_args)
+            torch.testing.assert_close(compiled_per_head(*flex_args), expected)
             torch.testing.assert_close(compiled_in_place(*flex_args), expected)
-            best = [float("inf")] * 3
+            best = [float("inf")] * 4
             for _ in range(rounds):
                 calls = (
                     (gathered, eager_args),
                     (compiled_gathered, eager_args),
+                    (compiled_per_head, flex_args),
                     (compiled_in_place, flex_args),
                 )
                 times = [best_ms(lambda f=f, a=a: f(*a), 10) for f, a in calls]
@@ -105,14 +126,16 @@ def main() -> None:
             f"## {name} model ({heads}, head dim {config.head_dim})",
             "",
             "| rows | context | eager gather ms | compiled gather ms | in place (flex) ms "
-            "| in place / eager | in place / compiled gather |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| in place / eager | in place / compiled gather | in place, per head ms "
+            "| in place / per head |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         with torch.inference_mode():
-            for rows, context, eager, compiled, flex in measure(config, args.rounds):
+            for rows, context, eager, compiled, per_head, flex in measure(config, args.rounds):
                 tables.append(
                     f"| {rows} | {context} | {eager:.3f} | {compiled:.3f} | {flex:.3f} "
-                    f"| {eager / flex:.2f}x | {compiled / flex:.2f}x |"
+                    f"| {eager / flex:.2f}x | {compiled / flex:.2f}x | {per_head:.3f} "
+                    f"| {per_head / flex:.2f}x |"
                 )
         tables.append("")
     load_after = os.getloadavg()
@@ -124,7 +147,10 @@ def main() -> None:
         f"{load_after[0]:.2f} at the end. One layer's attention for one decode query per row, "
         f"float32, blocks of {BLOCK_SIZE}; each row reads between half the context and the "
         f"context. Fastest of {args.rounds} interleaved rounds of 10 calls. The ratios are "
-        "speed-ups of reading in place (above 1: in place is faster). `scripts/"
+        "speed-ups of reading in place as the decode graph does (above 1: in place is "
+        "faster): the query heads that share a K/V head are its query positions, so each "
+        "block is read once for them all. In place, per head: each query head is a head of "
+        "its own (`enable_gqa`) and reads its K/V head's blocks itself. `scripts/"
         "bench_paged_attention.py` wrote this file.",
         "",
     ]
