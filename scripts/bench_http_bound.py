@@ -37,6 +37,7 @@ from llmengine.bench.http_client import run_over_http, served_model
 from llmengine.bench.peers import llamacpp, plan, rounds, servers
 from llmengine.bench.peers.results import current_load
 from llmengine.bench.serving_report import run_summary
+from llmengine.bench.workloads import RequestSpec
 from llmengine.lessons.artifacts import machine_line, markdown_table, write_report
 
 REPORT = "http-bound"
@@ -106,32 +107,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = throughput.run_on_engine(engine, burst)
             rows[IN_PROCESS].append({"tok/s": run.tokens_per_s, "load": load})
             for way, url in urls.items():
-                load = current_load()
-                api = f"{url}/v1"
-                server_cpu, client_cpu = process_cpu_seconds(pids[way]), time.process_time()
-                wall = time.perf_counter()
-                served = run_over_http(api, served_model(api), burst, timeout=CALL_TIMEOUT_S)
-                wall = time.perf_counter() - wall
-                client_cpu = time.process_time() - client_cpu
-                server_after = process_cpu_seconds(pids[way])
-                summary = run_summary(served, request_rate=math.inf)
-                row = {
-                    "tok/s": summary["output_token_throughput"],
-                    "ttft p50": summary["ttft_ms"]["p50"],
-                    "ttft p99": summary["ttft_ms"]["p99"],
-                    "tpot p50": summary["tpot_ms"]["p50"],
-                    "load": load,
-                }
-                if server_cpu is not None and server_after is not None:
-                    server_cpu = server_after - server_cpu
-                    row |= {
-                        "server cpu": server_cpu,
-                        "client cpu": client_cpu,
-                        "idle": idle_share(server_cpu + client_cpu, wall, CORES),
-                    }
-                rows[way].append(row)
+                rows[way].append(served_burst(f"{url}/v1", pids[way], burst))
     print(f"wrote {write_report(REPORT, report(rows, args.rounds, argv, started), wallclock=True)}")
     return 0
+
+
+def served_burst(api: str, pid: int, burst: list[RequestSpec]) -> dict[str, float]:
+    """One burst through the server at `api` (process `pid`): its rates and latencies, the
+    load, and the CPU seconds the server and this client used over it (where /proc says)."""
+    load = current_load()
+    server_before, client_before = process_cpu_seconds(pid), time.process_time()
+    started = time.perf_counter()
+    served = run_over_http(api, served_model(api), burst, timeout=CALL_TIMEOUT_S)
+    wall = time.perf_counter() - started
+    client_cpu = time.process_time() - client_before
+    server_after = process_cpu_seconds(pid)
+    summary = run_summary(served, request_rate=math.inf)
+    row = {
+        "tok/s": summary["output_token_throughput"],
+        "ttft p50": summary["ttft_ms"]["p50"],
+        "ttft p99": summary["ttft_ms"]["p99"],
+        "tpot p50": summary["tpot_ms"]["p50"],
+        "load": load,
+    }
+    if server_before is not None and server_after is not None:
+        server_cpu = server_after - server_before
+        row |= {
+            "server cpu": server_cpu,
+            "client cpu": client_cpu,
+            "idle": idle_share(server_cpu + client_cpu, wall, CORES),
+        }
+    return row
 
 
 def report(
