@@ -13,8 +13,16 @@ from pathlib import Path
 
 
 def process_cpu_seconds(pid: int) -> float | None:
-    """Seconds process `pid` has run on a CPU, user and system, all its threads together;
-    None where `/proc` cannot say (not Linux, or the process has gone)."""
+    """Seconds process `pid` and the processes it started (an engine in a process of its own,
+    tensor-parallel workers), still running, have run on a CPU: user and system, all their
+    threads together. None where `/proc` cannot say (not Linux, or `pid` has gone)."""
+    own = _own_cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(_own_cpu_seconds(child) or 0.0 for child in _descendants(pid))
+
+
+def _own_cpu_seconds(pid: int) -> float | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -23,6 +31,19 @@ def process_cpu_seconds(pid: int) -> float | None:
     # utime and stime are fields 14 and 15, in clock ticks.
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, from each thread's `children` list."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids = [int(child) for child in children.read_text().split()]
+        except OSError:
+            continue
+        for child in pids:
+            found += [child, *_descendants(child)]
+    return found
 
 
 def idle_share(cpu_seconds: float, wall_seconds: float, cores: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from llmengine.engine_config import EngineConfig
 
 if TYPE_CHECKING:
     from llmengine.engine import Engine
+    from llmengine.server.engine_process import EngineProcess
 
 ENGINE_OPTIONS = tuple(field.name for field in fields(EngineConfig))
 NUM_BLOCKS = 256  # the pool `serve` starts with when --num-blocks is not given
@@ -49,17 +51,37 @@ def run_serve(args: argparse.Namespace) -> int:
 
     api_key = _api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY"))  # before the load
     folder = model_folder(args.model)
-    model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
-    tokenizer = llmengine.load_tokenizer(args.model)
-    options = engine_options(args, ENGINE_OPTIONS)
     if is_worker_node(args):  # another machine's share of the ranks: no engine, no server here
-        return run_worker_node(args, **options)
-    with contextlib.closing(build_engine(args, model, tokenizer=tokenizer, **options)) as engine:
+        return run_worker_node(args, **engine_options(args, ENGINE_OPTIONS))
+    tokenizer = llmengine.load_tokenizer(args.model)
+    if args.engine_process:
+        from llmengine.server.engine_process import EngineProcess
+
+        engine: Engine | EngineProcess = EngineProcess(partial(engine_for, args), tokenizer)
+    else:
+        engine = engine_for(args, tokenizer)
+    with contextlib.closing(engine):
         return _serve(args, engine, tokenizer, folder, api_key)
 
 
+def engine_for(args: argparse.Namespace, tokenizer: Any = None) -> Engine:
+    """The engine `serve`'s options describe (in the engine's process, with
+    --engine-process: there the tokenizer is loaded again)."""
+    import llmengine
+
+    model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
+    if tokenizer is None:
+        tokenizer = llmengine.load_tokenizer(args.model)
+    options = engine_options(args, ENGINE_OPTIONS)
+    return build_engine(args, model, tokenizer=tokenizer, **options)
+
+
 def _serve(
-    args: argparse.Namespace, engine: Engine, tokenizer: Any, folder: Path, api_key: str | None
+    args: argparse.Namespace,
+    engine: Engine | EngineProcess,
+    tokenizer: Any,
+    folder: Path,
+    api_key: str | None,
 ) -> int:
     """The OpenAI API in front of `engine` until SIGINT or SIGTERM; its exit status."""
     from llmengine.server import create_app, serve
@@ -138,6 +160,12 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="read the model's own tool calls from tool_choice \"auto\" outputs, in this "
         "format: hermes (<tool_call> tags) or llama3_json (Llama 3.x JSON calls); without it "
         "such outputs are returned as text (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-process", action="store_true",
+        help="run the engine in a process of its own, beside the HTTP server's, so that the "
+        "two never wait for each other's interpreter lock: faster under many streams at "
+        "once on a few cores (reports/wallclock/http-bound.md); default: on a thread",
     )  # fmt: skip
     parser.add_argument(
         "--no-dashboard", dest="dashboard", action="store_false",

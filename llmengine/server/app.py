@@ -37,6 +37,7 @@ from llmengine.engine import Engine
 from llmengine.server.chat import ChatFormatter, ChatTemplate
 from llmengine.server.dashboard import add_dashboard
 from llmengine.server.engine_loop import EngineLoop
+from llmengine.server.engine_process import EngineProcess
 from llmengine.server.errors import APIError, install_error_handlers
 from llmengine.server.metrics import ServerMetrics
 from llmengine.server.openapi import describe
@@ -50,7 +51,7 @@ MAX_WAITING = 1024
 
 
 def create_app(
-    engine: Engine,
+    engine: Engine | EngineProcess,
     tokenizer: Any,
     *,
     served_model_name: str,
@@ -62,7 +63,8 @@ def create_app(
     tool_call_parser: str | None = None,
     dashboard: bool = True,
 ) -> FastAPI:
-    """An OpenAI-compatible app serving `engine` as the model `served_model_name`.
+    """An OpenAI-compatible app serving `engine` (in this process, on a thread of its own, or
+    an `EngineProcess`) as the model `served_model_name`.
 
     `max_waiting`: the most engine requests left waiting for a slot once the free ones are
     taken (each of a request's `n` samples counts); a request that would pass it gets 429.
@@ -73,17 +75,22 @@ def create_app(
     calls (see `llmengine.server.tool_calls`); None returns them as text. `dashboard`: serve
     the live page `/dashboard` and its feed `/v1/engine/events` (`llmengine.server.dashboard`).
     The app owns the engine from its startup to its shutdown: nothing else may step it
-    meanwhile. `app.state.engine_loop`, `app.state.metrics` and `app.state.drain` are there
-    to inspect. An engine built without
-    a tokenizer is given this one: its constrained requests need it.
+    meanwhile. `app.state.engine_loop`, `app.state.metrics` (None with an `EngineProcess`,
+    whose metrics live in its process) and `app.state.drain` are there to inspect. An engine
+    built without a tokenizer is given this one: its constrained requests need it.
     """
     if tool_call_parser is not None and tool_call_parser not in TOOL_CALL_PARSERS:
         raise ValueError(f"unknown tool-call parser {tool_call_parser!r}; known: "
                          f"{', '.join(TOOL_CALL_PARSERS)}")  # fmt: skip
-    if engine.tokenizer is None:
-        engine.tokenizer = tokenizer
-    metrics = ServerMetrics()
-    engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
+    if isinstance(engine, EngineProcess):
+        engine.max_waiting = max_waiting
+        engine_loop: EngineLoop | EngineProcess = engine
+        metrics = None  # in the engine's process: /metrics asks for them
+    else:
+        if engine.tokenizer is None:
+            engine.tokenizer = tokenizer
+        metrics = ServerMetrics()
+        engine_loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
     serving = Serving(engine_loop, tokenizer, ChatFormatter(tokenizer, chat_template),
                       served_model_name, tool_call_parser)  # fmt: skip
 
@@ -138,7 +145,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
+        return Response(await engine_loop.render_metrics(), media_type=ServerMetrics.content_type)
 
     if dashboard:
         add_dashboard(app, engine_loop.events)

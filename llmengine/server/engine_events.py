@@ -65,6 +65,11 @@ class Subscriber:
         self.loop = loop
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
 
+    def deliver(self, text: str | None) -> None:
+        """From any thread: hand `text` to the subscriber's loop (RuntimeError once that loop
+        is closed)."""
+        self.loop.call_soon_threadsafe(self.offer, text)
+
     def offer(self, text: str | None) -> None:
         """Queue a snapshot (None: the end of the feed) on the subscriber's loop, dropping
         the oldest when full."""
@@ -82,7 +87,7 @@ class EngineEvents:
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
         self.wake: Callable[[], None] | None = None  # set by the engine loop
-        self._subscribers: tuple[Subscriber, ...] = ()  # replaced whole: read lock-free
+        self._subscribers: tuple[Any, ...] = ()  # replaced whole: read lock-free
         self._started = time.monotonic()
         self._reset()
         self._last_sent = float("-inf")
@@ -97,13 +102,18 @@ class EngineEvents:
         """A new subscriber on the running asyncio loop; the next turn of the engine loop
         sends it the current state."""
         subscriber = Subscriber(asyncio.get_running_loop())
+        self.attach(subscriber)
+        return subscriber
+
+    def attach(self, subscriber: Any) -> None:
+        """Send `subscriber` (anything with `deliver(text)`, safe from the engine thread)
+        every snapshot from the next turn of the engine loop on."""
         self._subscribers = (*self._subscribers, subscriber)
         self._owed = True
         if self.wake is not None:
             self.wake()
-        return subscriber
 
-    def unsubscribe(self, subscriber: Subscriber) -> None:
+    def unsubscribe(self, subscriber: Any) -> None:
         self._subscribers = tuple(s for s in self._subscribers if s is not subscriber)
 
     def close(self) -> None:
@@ -162,7 +172,7 @@ class EngineEvents:
         for subscriber in self._subscribers:
             # RuntimeError: that loop is closed, so nobody is listening there any more.
             with contextlib.suppress(RuntimeError):
-                subscriber.loop.call_soon_threadsafe(subscriber.offer, text)
+                subscriber.deliver(text)
 
     def snapshot(self, engine: Engine, now: float) -> dict[str, Any]:
         """The engine's state now and what happened since the previous snapshot."""

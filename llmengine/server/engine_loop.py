@@ -73,11 +73,11 @@ class PromptEvent:
 
 @dataclass(slots=True)
 class _Sink:
-    """Where one engine request's events go (the queue it shares with the other requests of
-    the same add), and its timing for the latency histograms."""
+    """Where one engine request's events go (`group`: what the add that brought it answered
+    with, shared by the other requests of that add), and its timing for the latency
+    histograms."""
 
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
+    group: Any
     added_at: float
     last_token_at: float | None = None
     cached_tokens: int | None = None  # set when first admitted
@@ -89,12 +89,55 @@ def _put_all(posted: list[tuple[asyncio.Queue, TokenEvent | PromptEvent | Except
         events.put_nowait(event)
 
 
+class LocalReply:
+    """How an add made on an asyncio loop of this process is answered: its ids and the queue
+    of its events, through a future; its events go to that queue on that loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: concurrent.futures.Future) -> None:
+        self.loop = loop
+        self.future = future
+
+    def claim(self) -> bool:
+        """False if the caller gave up before the engine thread took the add."""
+        return self.future.set_running_or_notify_cancel()
+
+    @property
+    def answered(self) -> bool:
+        return self.future.done()
+
+    def open(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
+        """The group the add's events go to: its loop and a queue of their own."""
+        return self.loop, asyncio.Queue()
+
+    def accept(self, request_ids: list[int], group: Any) -> None:
+        self.future.set_result((request_ids, group[1]))
+
+    def refuse(self, error: Exception) -> None:
+        self.future.set_exception(error)
+
+
+async def answer_of_add(
+    future: concurrent.futures.Future, abort: Callable[[Sequence[int]], None]
+) -> tuple[list[int], asyncio.Queue]:
+    """Wait for an add's answer; a caller cancelled meanwhile has `abort` end its requests
+    once they are added, so that none runs for nobody."""
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+
+        def abort_if_added(done: concurrent.futures.Future) -> None:
+            if not done.cancelled() and done.exception() is None:
+                abort(done.result()[0])
+
+        future.add_done_callback(abort_if_added)
+        raise
+
+
 @dataclass(frozen=True, slots=True)
 class _Add:
     prompts: list[list[int]]
     params: list[SamplingParams]
-    loop: asyncio.AbstractEventLoop
-    future: concurrent.futures.Future
+    reply: Any  # a LocalReply, or what the engine's own process answers an add through
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,22 +252,19 @@ class EngineLoop:
         if not self.running:
             raise EngineStopped("the engine is not running")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(_Add(list(prompts), list(params), asyncio.get_running_loop(), future))
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(self._abort_if_added)
-            raise
-
-    def _abort_if_added(self, future: concurrent.futures.Future) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self.abort(future.result()[0])
+        reply = LocalReply(asyncio.get_running_loop(), future)
+        self._commands.put(_Add(list(prompts), list(params), reply))
+        return await answer_of_add(future, self.abort)
 
     def abort(self, request_ids: Sequence[int], reason: str = "abort") -> None:
         """Ask the engine thread to abort these requests (finished ones are left alone);
         `reason` is what the metrics count them as (a stop string's end is a "stop")."""
         if request_ids:
             self._commands.put(_Abort(tuple(request_ids), reason))
+
+    async def render_metrics(self) -> bytes:
+        """The server's metrics in the Prometheus text format."""
+        return self.metrics.render()
 
     def fail_all(self, reason: str) -> None:
         """End every request in flight with `EngineStopped(reason)`; the loop goes on."""
@@ -277,8 +317,8 @@ class EngineLoop:
             self._handle(command)
         except Exception as error:
             logger.exception("handling a %s failed", type(command).__name__)
-            if isinstance(command, _Add) and not command.future.done():
-                command.future.set_exception(RequestFailed(f"adding the request failed: {error}"))
+            if isinstance(command, _Add) and not command.reply.answered:
+                command.reply.refuse(RequestFailed(f"adding the request failed: {error}"))
 
     def _handle(self, command: _Add | _Abort | _FailAll) -> None:
         if isinstance(command, _FailAll):
@@ -288,14 +328,14 @@ class EngineLoop:
             for request_id in command.request_ids:
                 self._end(request_id, abort=True, reason=command.reason)
             return
-        if not command.future.set_running_or_notify_cancel():
+        if not command.reply.claim():
             return
         engine = self.engine
         queued = engine.num_waiting + engine.num_swapped
         free = engine.num_slots - engine.num_running
         would_wait = max(queued + len(command.prompts) - free, 0)
         if would_wait > self.max_waiting:
-            command.future.set_exception(
+            command.reply.refuse(
                 QueueFull(
                     f"{len(command.prompts)} more requests would make {would_wait} wait for a "
                     f"slot (at most {self.max_waiting})"
@@ -305,13 +345,13 @@ class EngineLoop:
         try:
             ids = self.engine.add_requests(command.prompts, command.params)
         except ValueError as error:
-            command.future.set_exception(error)
+            command.reply.refuse(error)
             return
         try:
             now = time.perf_counter()
-            events: asyncio.Queue = asyncio.Queue()
+            group = command.reply.open()
             for request_id, prompt in zip(ids, command.prompts, strict=True):
-                self._sinks[request_id] = _Sink(command.loop, events, now)
+                self._sinks[request_id] = _Sink(group, now)
                 self.metrics.prompt_tokens.inc(len(prompt))
         except Exception:
             for request_id in ids:  # in the engine already: take them out again
@@ -319,7 +359,7 @@ class EngineLoop:
                 self.engine.abort(request_id)
                 self.engine.release(request_id)
             raise
-        command.future.set_result((ids, events))
+        command.reply.accept(ids, group)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -368,7 +408,8 @@ class EngineLoop:
 
     def _post(self, sink: _Sink, event: TokenEvent | PromptEvent | Exception) -> None:
         """Queue `event` for `sink`'s loop; `_send_posted` hands them over."""
-        self._posted.setdefault(sink.loop, []).append((sink.events, event))
+        loop, events = sink.group
+        self._posted.setdefault(loop, []).append((events, event))
 
     def _send_posted(self) -> None:
         """Hand each loop the events posted for it, in one call."""
@@ -440,8 +481,8 @@ class EngineLoop:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add) and command.future.set_running_or_notify_cancel():
-                command.future.set_exception(EngineStopped("the server is shutting down"))
+            if isinstance(command, _Add) and command.reply.claim():
+                command.reply.refuse(EngineStopped("the server is shutting down"))
 
     def _publish(self) -> None:
         engine = self.engine

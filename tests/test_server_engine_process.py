@@ -1,0 +1,160 @@
+"""`llmengine serve --engine-process`: the engine in a child process, the HTTP side in the
+server's, one pipe between them. The same answers as the engine on a thread, adds refused
+across the pipe, the metrics and the live feed read from the child, a clean stop, and a child
+that dies ending what was in flight and the server with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import served, sse_payloads
+
+import llmengine
+from llmengine.bench.http_client import free_port, wait_for_health
+from llmengine.lessons.live_server import read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "tiny-test"  # server_helpers' model name, so that one body serves both servers
+SLOTS, WAITING = 2, 1
+PROMPTS = ["ROMEO:", "JULIET:\nO", "First Citizen:"]  # at once: two seated, one waiting
+
+
+def serve(*flags: str) -> subprocess.Popen:
+    port = free_port()
+    command = [sys.executable, "-m", "llmengine", "serve", "--engine-process", "--port",
+               str(port), "--num-blocks", "64", "--max-num-seqs", str(SLOTS), "--max-waiting",
+               str(WAITING), "--served-model-name", NAME, *flags]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    server.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    try:
+        wait_for_health(server.url, server, timeout=120)  # type: ignore[attr-defined]
+    except RuntimeError:
+        server.kill()
+        raise AssertionError(server.communicate(timeout=10)[0]) from None
+    return server
+
+
+def engine_pid(server: subprocess.Popen) -> int:
+    """The engine's process: the child the server spawned (beside multiprocessing's resource
+    tracker)."""
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{server.pid}/task").glob("*/children")
+        for pid in task.read_text().split()
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(children) == 1, children
+    return children[0]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[subprocess.Popen]:
+    server = serve()
+    try:
+        yield server
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+
+
+def completion(url: str, prompt: str, **fields: object) -> dict:
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 12, "temperature": 0, **fields}
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_greedy_answers_equal_those_of_the_engine_on_a_thread(server: subprocess.Popen) -> None:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        apart = list(pool.map(lambda prompt: completion(server.url, prompt), PROMPTS))
+    engine = llmengine.Engine(llmengine.load_model(), num_blocks=64, num_slots=SLOTS)
+    with served(engine, llmengine.load_tokenizer()) as local:
+        on_a_thread = [completion(local.url, prompt) for prompt in PROMPTS]
+    texts = [answer["choices"][0]["text"] for answer in apart]
+    assert texts == [answer["choices"][0]["text"] for answer in on_a_thread]
+    assert all(answer["usage"]["completion_tokens"] == 12 for answer in apart)
+
+
+def test_a_stop_string_aborts_in_the_child_and_its_metrics_say_so(
+    server: subprocess.Popen,
+) -> None:
+    text = completion(server.url, "ROMEO:", max_tokens=40)["choices"][0]["text"]
+    stop = text[len(text) // 2 :][:3]  # something the greedy text is sure to reach
+    before = read_metrics(server.url).get('llmengine_requests_finished_total{reason="stop"}', 0)
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 40, "temperature": 0,
+            "stop": [stop], "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+        payloads = sse_payloads(answer.iter_lines())
+    assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
+    after = read_metrics(server.url)
+    assert after['llmengine_requests_finished_total{reason="stop"}'] == before + 1
+    assert after["llmengine_requests_running"] == 0
+
+
+def test_an_add_past_the_waiting_bound_is_refused_across_the_pipe(
+    server: subprocess.Popen,
+) -> None:
+    """Two slots and one waiting place: of four long requests at once, one gets 429."""
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 300, "ignore_eos": True}
+
+    def post(_: int) -> int:
+        return httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        codes = sorted(pool.map(post, range(4)))
+    assert codes == [200, 200, 200, 429]
+
+
+def test_the_live_feed_comes_from_the_child(server: subprocess.Popen) -> None:
+    with httpx.stream("GET", f"{server.url}/v1/engine/events", timeout=30) as feed:
+        snapshot = next(
+            json.loads(line[len("data: ") :])
+            for line in feed.iter_lines()
+            if line.startswith("data: ")
+        )
+    assert snapshot["pool"]["size"] == 64
+    assert {"running", "waiting", "events", "rates", "step_ms"} <= snapshot.keys()
+
+
+def test_sigterm_stops_the_server_and_its_engine_process(server: subprocess.Popen) -> None:
+    child = engine_pid(server)
+    server.send_signal(signal.SIGTERM)
+    output, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, output
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the engine process outlived the server"
+
+
+def test_an_engine_process_that_dies_ends_the_requests_in_flight_and_the_server() -> None:
+    server = serve()
+    try:
+        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it has begun
+            os.kill(engine_pid(server), signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: ")]
+        errors = [json.loads(line[6:]) for line in rest if line.startswith('data: {"error"')]
+        assert errors, rest[-3:]
+        assert server.wait(30) == 1
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
