@@ -3,11 +3,12 @@
 `make peers` serves the embedded model's mixed burst (48 requests at once, 16 slots) with the
 decode graph and compares it with `llama-server`. This script runs that burst in interleaved
 rounds on one machine: through an `Engine` in the script's own process (no HTTP), through
-`llmengine serve --decode-graph` with torch on 1 and on 2 threads, and through `llama-server`
-where `make peers` built it. Every server is started first; each burst then runs with the
-others idle, through the same streaming client (`llmengine bench --url`'s, in this process). If
-the served rate does not follow the forward's threads while the in-process rate is far
-above it, the server is bound by its Python work (the engine's host work, the HTTP side,
+`llmengine serve --decode-graph` with torch on 1 and on 2 threads, the engine on a thread of
+the server's process and in a process of its own (`--engine-process`), and through
+`llama-server` where `make peers` built it. Every server is started first; each burst then
+runs with the others idle, through the same streaming client (`llmengine bench --url`'s, in
+this process). If the served rate does not follow the forward's threads while the in-process
+rate is far above it, the server is bound by its Python work (the engine's host work, the HTTP side,
 the client), not by the forward's arithmetic. Each served burst also counts the CPU seconds
 the server and the client used (`llmengine.bench.cpu_time`): a server bound by its cores
 leaves none of them idle, one whose threads wait for each other does. Writes
@@ -43,17 +44,23 @@ from llmengine.lessons.artifacts import machine_line, markdown_table, write_repo
 REPORT = "http-bound"
 SLOTS = plan.HTTP_SLOTS  # as make peers' HTTP rows
 SERVED_THREADS = (1, 2)
+ON_A_THREAD, IN_A_PROCESS = "served", "engine process"  # where the server's engine runs
 IN_PROCESS_THREADS = 2  # and llama-server's, as make peers runs it
 IN_PROCESS = "in-process"
 CALL_TIMEOUT_S = 300.0
 CORES = len(os.sched_getaffinity(0))  # the servers and the client share these
 
 
-def serve_command(threads: int) -> tuple[list[str], dict[str, str]]:
-    """`llmengine serve` with the decode graph as `make peers` runs it, and its environment."""
+def serve_command(threads: int, own_process: bool = False) -> tuple[list[str], dict[str, str]]:
+    """`llmengine serve` with the decode graph as `make peers` runs it (the engine in a process
+    of its own if `own_process`), and its environment."""
     checkpoint = llmengine.embedded_model_path()
     command = rounds.llmengine_serve_command(sys.executable, checkpoint, decode_graph=True)
-    return command, plan.thread_env(threads)
+    return command + ["--engine-process"] * own_process, plan.thread_env(threads)
+
+
+def way(where: str, threads: int) -> str:
+    return f"{where}, {threads} thread(s)"
 
 
 def llama_server(threads: int) -> tuple[list[str], dict[str, str]] | None:
@@ -84,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = llmengine.Engine(
         model, num_blocks=plan.HTTP_BLOCKS, block_size=16, num_slots=SLOTS, decode_graph=True
     )
-    commands = {f"served, {t} thread(s)": serve_command(t) for t in SERVED_THREADS}
+    commands = {way(ON_A_THREAD, t): serve_command(t) for t in SERVED_THREADS}
+    commands |= {way(IN_A_PROCESS, t): serve_command(t, own_process=True) for t in SERVED_THREADS}
     peer = None if args.skip_llamacpp else llama_server(IN_PROCESS_THREADS)
     if peer is not None:
         commands[f"llama-server, {IN_PROCESS_THREADS} thread(s)"] = peer
@@ -164,18 +172,32 @@ def report(
         ["the burst", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "load per round"],
         ["", ",.0f", ".0f", ".0f", ".1f", ""],
     )
-    one, two = (median(f"served, {t} thread(s)", "tok/s") for t in SERVED_THREADS)
+    one, two = (median(way(ON_A_THREAD, t), "tok/s") for t in SERVED_THREADS)
     findings = (
         f"Served at 2 threads the burst runs at {two / one:.2f}x its rate at 1 thread, and "
         f"in-process at {median(IN_PROCESS, 'tok/s') / two:.2f}x the rate served at 2 threads."
     )
-    peer = next((way for way in rows if way.startswith("llama-server")), None)
+    apart = way(IN_A_PROCESS, 1) in rows
+    if apart:
+        own = {t: median(way(IN_A_PROCESS, t), "tok/s") for t in SERVED_THREADS}
+        findings += (
+            f" With the engine in a process of its own the burst runs at {own[1] / one:.2f}x "
+            f"the rate served with it on a thread at 1 thread, and {own[2] / two:.2f}x at 2."
+        )
+    peer = next((name for name in rows if name.startswith("llama-server")), None)
     if peer is not None:
         theirs = median(peer, "tok/s")
         findings += (
             f" Against {peer}: llmengine served at 1 thread {one / theirs:.2f}x, "
-            f"at 2 threads {two / theirs:.2f}x."
+            f"at 2 threads {two / theirs:.2f}x"
         )
+        if apart:
+            findings += (
+                f"; with the engine in its own process at 1 thread {own[1] / theirs:.2f}x "
+                f"(TTFT p99 {median(way(IN_A_PROCESS, 1), 'ttft p99'):,.0f} ms against "
+                f"{median(peer, 'ttft p99'):,.0f}), at 2 threads {own[2] / theirs:.2f}x"
+            )
+        findings += "."
     command = " ".join(["scripts/bench_http_bound.py", *map(shlex.quote, argv)])
     cpu = cpu_section(rows, median)
     return (
@@ -183,8 +205,10 @@ def report(
         f"The embedded model's mixed burst ({plan.HTTP_REQUESTS} requests at once, prompts "
         f"of 8-64 token ids, budgets of 8-128, greedy) on {SLOTS} slots with the decode "
         "graph: through an `Engine` in this process, and through `llmengine serve "
-        "--decode-graph` at 1 and 2 torch threads (and `llama-server` on the same weights in "
-        "f32, as `make peers` runs it, where its build is at hand). Every server is started "
+        "--decode-graph` at 1 and 2 torch threads, its engine on a thread of the server's "
+        "process (served) or in a process of its own (`--engine-process`), and through "
+        "`llama-server` on the same weights in f32, as `make peers` runs it, where its build "
+        "is at hand. Every server is started "
         "first; each burst then runs with the others idle, through the same streaming "
         f"client. Medians of {rounds} interleaved rounds; tok/s is output tokens over the "
         "run (in-process: the whole `generate` call).\n\n"
@@ -215,9 +239,9 @@ def cpu_section(
     idle = ", ".join(f"{way} {100 * median(way, 'idle'):.0f}%" for way in measured)
     return (
         f"{table.rstrip()}\n\n"
-        f"CPU seconds from `/proc` over each burst, the server's threads together and the "
-        f"client (this process); cores idle is the share of the {CORES} cores' time over the "
-        f"burst that neither used. Idle during the burst: {idle}.\n\n"
+        f"CPU seconds from `/proc` over each burst, the server's threads and processes "
+        f"together and the client (this process); cores idle is the share of the {CORES} "
+        f"cores' time over the burst that neither used. Idle during the burst: {idle}.\n\n"
     )
 
 

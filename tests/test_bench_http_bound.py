@@ -66,3 +66,19 @@ def test_without_cpu_counts_the_report_has_no_cpu_table() -> None:
         "served, 2 thread(s)": [served(1200.0)],
     }
     assert "CPU per burst" not in bound.report(rows, 1, [], time.perf_counter())
+
+
+def test_the_report_sets_the_engine_process_against_the_thread_and_llama_server() -> None:
+    rows = {
+        "in-process": [{"tok/s": 2000.0, "load": 1.0}],
+        "served, 1 thread(s)": [served(1500.0)],
+        "served, 2 thread(s)": [served(1200.0)],
+        "engine process, 1 thread(s)": [served(1800.0) | {"ttft p99": 1100.0}],
+        "engine process, 2 thread(s)": [served(1440.0)],
+        "llama-server, 2 thread(s)": [served(1600.0)],
+    }
+    text = bound.report(rows, 1, [], time.perf_counter())
+    assert "| engine process, 1 thread(s) | 1,800 " in text
+    assert "at 1.20x the rate served with it on a thread at 1 thread, and 1.20x at 2." in text
+    assert "with the engine in its own process at 1 thread 1.12x" in text
+    assert "(TTFT p99 1,100 ms against 1,800), at 2 threads 0.90x." in text
