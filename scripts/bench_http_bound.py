@@ -59,7 +59,7 @@ def serve_command(threads: int, own_process: bool = False) -> tuple[list[str], d
     return command + ["--engine-process"] * own_process, plan.thread_env(threads)
 
 
-def way(where: str, threads: int) -> str:
+def way_of(where: str, threads: int) -> str:
     return f"{where}, {threads} thread(s)"
 
 
@@ -91,8 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = llmengine.Engine(
         model, num_blocks=plan.HTTP_BLOCKS, block_size=16, num_slots=SLOTS, decode_graph=True
     )
-    commands = {way(ON_A_THREAD, t): serve_command(t) for t in SERVED_THREADS}
-    commands |= {way(IN_A_PROCESS, t): serve_command(t, own_process=True) for t in SERVED_THREADS}
+    commands = {way_of(ON_A_THREAD, t): serve_command(t) for t in SERVED_THREADS}
+    commands |= {
+        way_of(IN_A_PROCESS, t): serve_command(t, own_process=True) for t in SERVED_THREADS
+    }
     peer = None if args.skip_llamacpp else llama_server(IN_PROCESS_THREADS)
     if peer is not None:
         commands[f"llama-server, {IN_PROCESS_THREADS} thread(s)"] = peer
@@ -172,14 +174,14 @@ def report(
         ["the burst", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "load per round"],
         ["", ",.0f", ".0f", ".0f", ".1f", ""],
     )
-    one, two = (median(way(ON_A_THREAD, t), "tok/s") for t in SERVED_THREADS)
+    one, two = (median(way_of(ON_A_THREAD, t), "tok/s") for t in SERVED_THREADS)
     findings = (
         f"Served at 2 threads the burst runs at {two / one:.2f}x its rate at 1 thread, and "
         f"in-process at {median(IN_PROCESS, 'tok/s') / two:.2f}x the rate served at 2 threads."
     )
-    apart = way(IN_A_PROCESS, 1) in rows
+    apart = way_of(IN_A_PROCESS, 1) in rows
     if apart:
-        own = {t: median(way(IN_A_PROCESS, t), "tok/s") for t in SERVED_THREADS}
+        own = {t: median(way_of(IN_A_PROCESS, t), "tok/s") for t in SERVED_THREADS}
         findings += (
             f" With the engine in a process of its own the burst runs at {own[1] / one:.2f}x "
             f"the rate served with it on a thread at 1 thread, and {own[2] / two:.2f}x at 2."
@@ -194,7 +196,7 @@ def report(
         if apart:
             findings += (
                 f"; with the engine in its own process at 1 thread {own[1] / theirs:.2f}x "
-                f"(TTFT p99 {median(way(IN_A_PROCESS, 1), 'ttft p99'):,.0f} ms against "
+                f"(TTFT p99 {median(way_of(IN_A_PROCESS, 1), 'ttft p99'):,.0f} ms against "
                 f"{median(peer, 'ttft p99'):,.0f}), at 2 threads {own[2] / theirs:.2f}x"
             )
         findings += "."
