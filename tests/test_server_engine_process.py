@@ -158,3 +158,14 @@ def test_an_engine_process_that_dies_ends_the_requests_in_flight_and_the_server(
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:
+    # A swap space without preemption by swap: EngineConfig refuses it, in the child.
+    command = [sys.executable, "-m", "llmengine", "serve", "--engine-process", "--port", "0"]
+    command += ["--swap-blocks", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "llmengine serve: error: swap_blocks=4 needs preemption='swap'" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -57,9 +57,10 @@ class EngineProcess:
     """An engine built by `build()` in a child process, and the server's end of its pipe.
 
     The constructor starts the child and returns once the engine is built (its facts known);
-    RuntimeError if the child exits first. `tokenizer` is the server's: it compiles the
-    constraints the HTTP side checks. `max_waiting` is read when the loop starts (`create_app`
-    sets it). Call `close()` (or `stop()`) so the child ends.
+    the child's ValueError or OSError if building failed on them (a bad option, a missing
+    checkpoint), else RuntimeError if the child exits first. `tokenizer` is the server's: it
+    compiles the constraints the HTTP side checks. `max_waiting` is read when the loop starts
+    (`create_app` sets it). Call `close()` (or `stop()`) so the child ends.
     """
 
     def __init__(self, build: Callable[[], Engine], tokenizer: Any, max_waiting: int = 0) -> None:
@@ -93,7 +94,7 @@ class EngineProcess:
                 )
         kind, *message = self._conn.recv()
         if kind != "built":
-            raise RuntimeError(f"the engine process failed to build its engine: {message[0]}")
+            raise message[0]  # the child's own error: a bad option stays a ValueError
         return message[0], message[1]
 
     # -- what the HTTP side calls, as on an EngineLoop -------------------------------------------
@@ -375,8 +376,12 @@ def _engine_main(conn: Any, build: Callable[[], Engine]) -> None:
     its own thread while this one reads the pipe; a closed pipe stops it as "stop" does."""
     try:
         engine = build()
+    except (ValueError, OSError) as error:  # the options' fault: the server says it in a line
+        conn.send(("build failed", error))
+        conn.close()
+        return
     except BaseException as error:
-        conn.send(("build failed", f"{type(error).__name__}: {error}"))
+        conn.send(("build failed", RuntimeError(f"building the engine failed: {error!r}")))
         raise
     try:
         grammars = engine.runner.sampler.grammars
