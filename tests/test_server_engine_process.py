@@ -29,14 +29,14 @@ SLOTS, WAITING = 2, 1
 PROMPTS = ["ROMEO:", "JULIET:\nO", "First Citizen:"]  # at once: two seated, one waiting
 
 
-def serve(*flags: str) -> subprocess.Popen:
+def serve(*flags: str, **popen: object) -> subprocess.Popen:
     port = free_port()
     command = [sys.executable, "-m", "llmengine", "serve", "--engine-process", "--port",
                str(port), "--num-blocks", "64", "--max-num-seqs", str(SLOTS), "--max-waiting",
                str(WAITING), "--served-model-name", NAME, *flags]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
     server.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
@@ -169,3 +169,23 @@ def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:
     assert run.returncode == 2, run.stderr
     assert "llmengine serve: error: swap_blocks=4 needs preemption='swap'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_ctrl_c_drains_the_server_before_its_engine_process_stops() -> None:
+    """Ctrl-C signals the terminal's whole process group, the engine's process too: a stream
+    in flight still ends with its finish reason, and the server exits 0."""
+    server = serve("--max-num-seqs", "1", start_new_session=True)  # a group of its own
+    try:
+        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it has begun
+            os.killpg(server.pid, signal.SIGINT)
+            payloads = sse_payloads(line for line in lines)
+        assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+        assert server.wait(60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)

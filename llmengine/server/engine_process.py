@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import signal
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -374,6 +375,9 @@ class ChildEngineLoop(EngineLoop):
 def _engine_main(conn: Any, build: Callable[[], Engine]) -> None:
     """The child's life: build the engine, wait for the server's start, then run the loop on
     its own thread while this one reads the pipe; a closed pipe stops it as "stop" does."""
+    # Ctrl-C in a terminal signals the whole process group: the server drains, then stops
+    # its engine; the engine must not die first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = build()
     except (ValueError, OSError) as error:  # the options' fault: the server says it in a line
