@@ -73,7 +73,13 @@ class EngineProcess:
         )
         self._process.start()
         child_end.close()
-        self.facts = _with_compiler(self._wait_until_built(), tokenizer)
+        try:
+            self.facts = _with_compiler(self._wait_until_built(), tokenizer)
+        except BaseException:  # Ctrl-C during a long build, say: the child must not linger
+            self._process.kill()
+            self._process.join()
+            self._conn.close()
+            raise
         self.max_waiting = max_waiting
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.events = FeedRelay(self._send)
