@@ -5,14 +5,14 @@ decode graph and compares it with `llama-server`. This script runs that burst in
 rounds on one machine: through an `Engine` in the script's own process (no HTTP), through
 `llmengine serve --decode-graph` with torch on 1 and on 2 threads, the engine on a thread of
 the server's process and in a process of its own (`--engine-process`), and through
-`llama-server` where `make peers` built it. Every server is started first; each burst then
-runs with the others idle, through the same streaming client (`llmengine bench --url`'s, in
-this process). If the served rate does not follow the forward's threads while the in-process
-rate is far above it, the server is bound by its Python work (the engine's host work, the HTTP side,
-the client), not by the forward's arithmetic. Each served burst also counts the CPU seconds
-the server and the client used (`llmengine.bench.cpu_time`): a server bound by its cores
-leaves none of them idle, one whose threads wait for each other does. Writes
-`reports/wallclock/http-bound.md`.
+`llama-server` (on 2 threads as `make peers` runs it, and on 1) where `make peers` built it.
+Every server is started first; each burst then runs with the others idle, through the same
+streaming client (`llmengine bench --url`'s, in this process). If the served rate does not
+follow the forward's threads while the in-process rate is far above it, the server is bound
+by its Python work (the engine's host work, the HTTP side, the client), not by the forward's
+arithmetic. Each served burst also counts the CPU seconds the server and the client used
+(`llmengine.bench.cpu_time`): a server bound by its cores leaves none of them idle, one whose
+threads wait for each other does. Writes `reports/wallclock/http-bound.md`.
 
 Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R] [--skip-llamacpp]
 """
@@ -45,6 +45,7 @@ REPORT = "http-bound"
 SLOTS = plan.HTTP_SLOTS  # as make peers' HTTP rows
 SERVED_THREADS = (1, 2)
 ON_A_THREAD, IN_A_PROCESS = "served", "engine process"  # where the server's engine runs
+LLAMA_SERVER = "llama-server"
 IN_PROCESS_THREADS = 2  # and llama-server's, as make peers runs it
 IN_PROCESS = "in-process"
 CALL_TIMEOUT_S = 300.0
@@ -95,9 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands |= {
         way_of(IN_A_PROCESS, t): serve_command(t, own_process=True) for t in SERVED_THREADS
     }
-    peer = None if args.skip_llamacpp else llama_server(IN_PROCESS_THREADS)
-    if peer is not None:
-        commands[f"llama-server, {IN_PROCESS_THREADS} thread(s)"] = peer
+    # llama-server as make peers runs it first (the row the ratios take), then on 1 thread.
+    for threads in () if args.skip_llamacpp else (IN_PROCESS_THREADS, 1):
+        peer = llama_server(threads)
+        if peer is not None:
+            commands[way_of(LLAMA_SERVER, threads)] = peer
     rows: dict[str, list[dict[str, float]]] = {IN_PROCESS: [], **{way: [] for way in commands}}
     started = time.perf_counter()
     with contextlib.ExitStack() as running:
@@ -200,6 +203,12 @@ def report(
                 f"{median(peer, 'ttft p99'):,.0f}), at 2 threads {own[2] / theirs:.2f}x"
             )
         findings += "."
+        alone = way_of(LLAMA_SERVER, 1)
+        if apart and alone in rows and alone != peer:
+            findings += (
+                f" At the same 1 thread, the engine in its own process streams "
+                f"{own[1] / median(alone, 'tok/s'):.2f}x the rate of {alone}."
+            )
     command = " ".join(["scripts/bench_http_bound.py", *map(shlex.quote, argv)])
     cpu = cpu_section(rows, median)
     return (
@@ -209,8 +218,8 @@ def report(
         "graph: through an `Engine` in this process, and through `llmengine serve "
         "--decode-graph` at 1 and 2 torch threads, its engine on a thread of the server's "
         "process (served) or in a process of its own (`--engine-process`), and through "
-        "`llama-server` on the same weights in f32, as `make peers` runs it, where its build "
-        "is at hand. Every server is started "
+        "`llama-server` on the same weights in f32, as `make peers` runs it and on 1 thread, "
+        "where its build is at hand. Every server is started "
         "first; each burst then runs with the others idle, through the same streaming "
         f"client. Medians of {rounds} interleaved rounds; tok/s is output tokens over the "
         "run (in-process: the whole `generate` call).\n\n"

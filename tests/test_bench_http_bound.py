@@ -76,9 +76,11 @@ def test_the_report_sets_the_engine_process_against_the_thread_and_llama_server(
         "engine process, 1 thread(s)": [served(1800.0) | {"ttft p99": 1100.0}],
         "engine process, 2 thread(s)": [served(1440.0)],
         "llama-server, 2 thread(s)": [served(1600.0)],
+        "llama-server, 1 thread(s)": [served(1200.0)],
     }
     text = bound.report(rows, 1, [], time.perf_counter())
     assert "| engine process, 1 thread(s) | 1,800 " in text
+    assert "At the same 1 thread, the engine in its own process streams 1.50x the rate of " in text
     assert "at 1.20x the rate served with it on a thread at 1 thread, and 1.20x at 2." in text
     assert "with the engine in its own process at 1 thread 1.12x" in text
     assert "(TTFT p99 1,100 ms against 1,800), at 2 threads 0.90x." in text
