@@ -150,7 +150,11 @@ def report(
         "127.0.0.1 and carries that overhead. Each round starts a vLLM worker for vLLM's "
         "rows and stops it before the other engines run, so no engine shares the machine.\n\n"
         + throughput_table(offline)
-        + (http_section(http) if http else "\n(No HTTP rows: this run was `--no-http`.)\n")
+        + (
+            http_section(http, settings.engine_process)
+            if http
+            else "\n(No HTTP rows: this run was `--no-http`.)\n"
+        )
         + "\n## Same greedy tokens?\n\n"
         f"The first {plan.GREEDY_PROMPTS} prompts of the mixed burst, {plan.GREEDY_TOKENS} greedy "
         "tokens each, every peer's token ids against llmengine's. Random weights make near "
@@ -158,13 +162,18 @@ def report(
     )
 
 
-def http_section(http: list[results.Row]) -> str:
+def http_section(http: list[results.Row], engine_process: bool = False) -> str:
+    where = (
+        "llmengine's server runs its engine in a process of its own (`--engine-process`). "
+        if engine_process
+        else ""
+    )
     return (
         "\n## Over HTTP, the embedded model\n\n"
         f"Each server alone on the machine with {plan.HTTP_SLOTS} sequences at once, started "
         "and stopped by the script; mixed requests streamed by `llmengine bench --url`'s "
         "client, all at once and as Poisson arrivals. tok/s is output tokens over the run; "
-        "TTFT and TPOT are medians in ms.\n\n"
+        f"TTFT and TPOT are medians in ms. {where}\n\n"
         + throughput_table(http, [("TTFT p50 ms", "ttft_p50"), ("TPOT p50 ms", "tpot_p50")])
     )
 
@@ -181,7 +190,7 @@ def over_http(
     rates = {f"Poisson {rate:g}/s": rate for rate in plan.POISSON_RATES}
     gguf = gguf_of(peers, plan.EMBEDDED, embedded, cache)
     table = rounds.http_servers(
-        peers, embedded, gguf, args.threads, sys.executable, args.decode_graph
+        peers, embedded, gguf, args.threads, sys.executable, args.decode_graph, args.engine_process
     )
     return rounds.http_rounds(plan.EMBEDDED, table, workloads, rates, settings)
 
@@ -210,7 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="llmengine with its decode step compiled per bucket (compiled before timing); "
         "writes peers-decode-graph.md instead of peers.md",
     )
+    parser.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="llmengine's server with its engine in a process of its own (`llmengine serve "
+        "--engine-process`); the report's name says so",
+    )
     args = parser.parse_args(argv)
+    if args.engine_process and args.no_http:
+        parser.error("--engine-process changes only the HTTP rows: leave out --no-http")
     names = [name for name in args.models.split(",") if name]
     if unknown := set(names) - set(plan.MODELS):
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {plan.MODELS}")
@@ -225,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mixed_requests=plan.QUICK_MIXED_REQUESTS if args.quick else plan.MIXED_REQUESTS,
         cache=cache,
         decode_graph=args.decode_graph,
+        engine_process=args.engine_process,
     )
     peers = prepare_peers(args, cache)
     folders = checkpoints(names, cache)
@@ -246,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A run of some models only says which in its name, and leaves the full report alone.
     name += "" if set(names) == set(plan.MODELS) else "-" + "-".join(names)
     name += "-offline" if args.no_http else ""
+    name += "-engine-process" if args.engine_process else ""
     print(f"wrote {write_report(name, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
     title = f"{cpu}, {args.threads} threads, float32 (median of {settings.rounds} round(s))"

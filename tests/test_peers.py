@@ -182,3 +182,12 @@ def test_the_report_is_read_back_into_its_rows_and_its_machine(tmp_path: Path) -
     bars = [patch.get_height() for patch in fig.axes[0].patches]
     assert sorted(bars) == [0.0, 0.0, 0.0, 0.0, 100.0, 400.0]  # 2 groups x 3 engines
     assert fig.axes[0].get_title() == machine
+
+
+def test_llmengine_serves_the_http_rows_on_a_thread_or_in_a_process_of_its_own() -> None:
+    from llmengine.bench.peers.rounds import llmengine_serve_command
+
+    plain = llmengine_serve_command("python", Path("ckpt"), decode_graph=True)
+    apart = llmengine_serve_command("python", Path("ckpt"), True, engine_process=True)
+    assert "--decode-graph" in plain and "--engine-process" not in plain
+    assert apart == [*plain, "--engine-process"]

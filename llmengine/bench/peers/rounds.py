@@ -52,6 +52,7 @@ class Settings:
     mixed_requests: int
     cache: Path
     decode_graph: bool = False  # llmengine with `Engine(decode_graph=True)` / `--decode-graph`
+    engine_process: bool = False  # llmengine's server with `--engine-process`
 
 
 @dataclass(slots=True)
@@ -278,6 +279,7 @@ def http_servers(
     threads: int,
     python: str,
     decode_graph: bool = False,
+    engine_process: bool = False,
 ) -> dict[str, tuple[list[str] | None, dict[str, str], str]]:
     """Each engine's server: command (None when the peer is missing), environment, and why."""
     table: dict[str, tuple[list[str] | None, dict[str, str], str]] = {}
@@ -295,21 +297,24 @@ def http_servers(
     else:
         table[VLLM] = (None, {}, peers.errors.get(VLLM, "skipped"))
     table[LLMENGINE] = (
-        llmengine_serve_command(python, checkpoint, decode_graph),
+        llmengine_serve_command(python, checkpoint, decode_graph, engine_process),
         thread_env(threads),
         "",
     )
     return table
 
 
-def llmengine_serve_command(python: str, checkpoint: Path, decode_graph: bool) -> list[str]:
+def llmengine_serve_command(
+    python: str, checkpoint: Path, decode_graph: bool, engine_process: bool = False
+) -> list[str]:
     """`llmengine serve` as the HTTP rows run it: `HTTP_SLOTS` sequences on a pool of
-    `HTTP_BLOCKS` blocks, with the decode graph or not; `{port}` is filled in by
-    `servers.running`."""
+    `HTTP_BLOCKS` blocks, with the decode graph or not, its engine on a thread or in a
+    process of its own; `{port}` is filled in by `servers.running`."""
     command = [python, "-m", "llmengine", "serve", "--host", "127.0.0.1", "--port", "{port}"]
     command += ["--model", str(checkpoint), "--max-num-seqs", str(HTTP_SLOTS)]
     command += ["--num-blocks", str(HTTP_BLOCKS)]
-    return command + (["--decode-graph"] if decode_graph else [])
+    command += ["--decode-graph"] * decode_graph
+    return command + ["--engine-process"] * engine_process
 
 
 def http_rounds(
