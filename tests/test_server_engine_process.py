@@ -189,3 +189,53 @@ def test_ctrl_c_drains_the_server_before_its_engine_process_stops() -> None:
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+def test_an_add_whose_caller_leaves_before_the_answer_is_aborted_and_the_loop_goes_on() -> None:
+    """A client gone while its add crosses the pipe: the answer finds a cancelled future, its
+    requests are aborted in the child, and the next add is served as usual."""
+    import asyncio
+    from functools import partial
+
+    from llmengine.cli import build_parser
+    from llmengine.cli.serve import engine_for
+    from llmengine.server.engine_process import EngineProcess
+
+    args = build_parser().parse_args(["serve", "--num-blocks", "64", "--max-num-seqs", "2"])
+    engine = EngineProcess(partial(engine_for, args), llmengine.load_tokenizer(), max_waiting=4)
+    params = llmengine.SamplingParams(max_tokens=300, ignore_eos=True)
+
+    async def scenario() -> tuple[dict, int]:
+        left = asyncio.create_task(engine.add([[1, 2, 3]], [params]))
+        await asyncio.sleep(0)  # the add is on its way
+        left.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        ids, events = await engine.add([[4, 5]], [llmengine.SamplingParams(max_tokens=3)])
+        tokens = 0
+        while True:
+            event = await asyncio.wait_for(events.get(), 30)
+            tokens += 1
+            if event.finish_reason is not None:
+                break
+        for _ in range(300):  # the abort crosses the pipe after the answer does
+            metrics = metric_values(await engine.render_metrics())
+            if metrics.get('llmengine_requests_finished_total{reason="abort"}'):
+                break
+            await asyncio.sleep(0.05)
+        return metrics, tokens
+
+    engine.start()
+    try:
+        metrics, tokens = asyncio.run(scenario())
+        assert engine.running
+    finally:
+        engine.stop()
+    assert tokens == 3
+    assert metrics['llmengine_requests_finished_total{reason="abort"}'] == 1
+    assert metrics["llmengine_requests_running"] == 0
+
+
+def metric_values(text: bytes) -> dict[str, float]:
+    samples = (line.rsplit(" ", 1) for line in text.decode().splitlines() if line[:1] != "#")
+    return {name: float(value) for name, value in samples}

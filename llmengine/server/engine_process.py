@@ -190,7 +190,10 @@ class EngineProcess:
                 elif kind == "answer":
                     call, result, error = message
                     future, queue = self._pending.pop(call)
-                    if error is not None:
+                    if future.cancelled():  # its caller left: nothing may run for nobody
+                        if queue is not None and error is None:
+                            self.abort(result)
+                    elif error is not None:
                         future.set_exception(error)
                     elif queue is not None:  # an add: its ids, and where their events go
                         self._queues[call] = queue
