@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmengine.engine import Engine
 from llmengine.server.chat import ChatFormatter, ChatTemplate
 from llmengine.server.dashboard import add_dashboard
-from llmengine.server.engine_loop import EngineLoop
+from llmengine.server.engine_loop import EngineLoop, EngineStopped
 from llmengine.server.engine_process import EngineProcess
 from llmengine.server.errors import APIError, install_error_handlers
 from llmengine.server.metrics import ServerMetrics
@@ -145,7 +145,11 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        return Response(await engine_loop.render_metrics(), media_type=ServerMetrics.content_type)
+        try:  # an engine process that has ended has no metrics to give
+            text = await engine_loop.render_metrics()
+        except EngineStopped:
+            return APIError(503, "the engine is not running", type="server_error").response()
+        return Response(text, media_type=ServerMetrics.content_type)
 
     if dashboard:
         add_dashboard(app, engine_loop.events)
