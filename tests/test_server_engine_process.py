@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -60,15 +61,33 @@ def engine_pid(server: subprocess.Popen) -> int:
     return children[0]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[subprocess.Popen]:
-    server = serve()
+@contextmanager
+def serving(*flags: str, **popen: object) -> Iterator[subprocess.Popen]:
+    """`serve`, killed on the way out if it is still running."""
+    server = serve(*flags, **popen)
     try:
         yield server
     finally:
         if server.poll() is None:
             server.kill()
             server.wait(10)
+
+
+@contextmanager
+def stream_under_way(server: subprocess.Popen) -> Iterator[Iterator[str]]:
+    """A long stream from `server` whose first token has arrived: the rest of its lines."""
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+        lines = answer.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        yield lines
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[subprocess.Popen]:
+    with serving() as server:
+        yield server
 
 
 def completion(url: str, prompt: str, **fields: object) -> dict:
@@ -142,22 +161,13 @@ def test_sigterm_stops_the_server_and_its_engine_process(server: subprocess.Pope
 
 
 def test_an_engine_process_that_dies_ends_the_requests_in_flight_and_the_server() -> None:
-    server = serve()
-    try:
-        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 400, "ignore_eos": True,
-                "stream": True}  # fmt: skip
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
-            lines = answer.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))  # it has begun
+    with serving() as server:
+        with stream_under_way(server) as lines:
             os.kill(engine_pid(server), signal.SIGKILL)
             rest = [line for line in lines if line.startswith("data: ")]
         errors = [json.loads(line[6:]) for line in rest if line.startswith('data: {"error"')]
         assert errors, rest[-3:]
         assert server.wait(30) == 1
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
 
 
 def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:
@@ -174,21 +184,12 @@ def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:
 def test_ctrl_c_drains_the_server_before_its_engine_process_stops() -> None:
     """Ctrl-C signals the terminal's whole process group, the engine's process too: a stream
     in flight still ends with its finish reason, and the server exits 0."""
-    server = serve("--max-num-seqs", "1", start_new_session=True)  # a group of its own
-    try:
-        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True,
-                "stream": True}  # fmt: skip
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
-            lines = answer.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))  # it has begun
+    with serving(start_new_session=True) as server:  # a process group of its own
+        with stream_under_way(server) as lines:
             os.killpg(server.pid, signal.SIGINT)
-            payloads = sse_payloads(line for line in lines)
+            payloads = sse_payloads(lines)
         assert payloads[-1]["choices"][0]["finish_reason"] == "length"
         assert server.wait(60) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(10)
 
 
 def test_an_add_whose_caller_leaves_before_the_answer_is_aborted_and_the_loop_goes_on() -> None:
