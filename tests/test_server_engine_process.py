@@ -149,6 +149,20 @@ def test_the_live_feed_comes_from_the_child(server: subprocess.Popen) -> None:
     assert {"running", "waiting", "events", "rates", "step_ms"} <= snapshot.keys()
 
 
+def test_constraints_are_checked_on_the_server_side_and_kept_in_the_child(
+    server: subprocess.Popen,
+) -> None:
+    """The grammar compiler crosses the pipe with the engine's facts: a schema that does not
+    compile is a 400 before the child sees it, and a choice holds the text to its options."""
+    bad = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"$ref": "#/nowhere"}}}
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 8, "response_format": bad}
+    refused = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert refused.status_code == 400 and "/nowhere" in refused.json()["error"]["message"]
+    choice = completion(server.url, "ROMEO:", structured_outputs={"choice": ["aye", "nay"]})
+    assert choice["choices"][0]["text"] in ("aye", "nay")
+    assert choice["choices"][0]["finish_reason"] == "stop"
+
+
 def test_sigterm_stops_the_server_and_its_engine_process(server: subprocess.Popen) -> None:
     child = engine_pid(server)
     server.send_signal(signal.SIGTERM)
@@ -203,7 +217,7 @@ def test_an_add_whose_caller_leaves_before_the_answer_is_aborted_and_the_loop_go
     from llmengine.server.engine_process import EngineProcess
 
     args = build_parser().parse_args(["serve", "--num-blocks", "64", "--max-num-seqs", "2"])
-    engine = EngineProcess(partial(engine_for, args), llmengine.load_tokenizer(), max_waiting=4)
+    engine = EngineProcess(partial(engine_for, args), max_waiting=4)
     params = llmengine.SamplingParams(max_tokens=300, ignore_eos=True)
 
     async def scenario() -> tuple[dict, int]:

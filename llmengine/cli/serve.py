@@ -57,7 +57,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.engine_process:
         from llmengine.server.engine_process import EngineProcess
 
-        engine: Engine | EngineProcess = EngineProcess(partial(engine_for, args), tokenizer)
+        engine: Engine | EngineProcess = EngineProcess(partial(engine_for, args))
     else:
         engine = engine_for(args, tokenizer)
     with contextlib.closing(engine):

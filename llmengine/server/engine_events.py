@@ -78,40 +78,30 @@ class Subscriber:
         self.queue.put_nowait(text)
 
 
-class EngineEvents:
-    """The feed's subscribers and what the engine thread gathers for them between snapshots.
+class FeedSubscribers:
+    """The pages listening to the feed: subscribed and dropped on the asyncio side, sent to
+    from any thread. `subscribed` is what a new subscriber sets off."""
 
-    `wake` is called (from any thread) when a subscriber arrives, so that an idle engine
-    loop turns once and sends it the current state."""
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-        self.wake: Callable[[], None] | None = None  # set by the engine loop
+    def __init__(self) -> None:
         self._subscribers: tuple[Any, ...] = ()  # replaced whole: read lock-free
-        self._started = time.monotonic()
-        self._reset()
-        self._last_sent = float("-inf")
-        self._owed = False  # something happened since the last snapshot
-        self._window: deque[tuple[float, float, float, float, float]] = deque()
 
     @property
     def listening(self) -> bool:
         return bool(self._subscribers)
 
     def subscribe(self) -> Subscriber:
-        """A new subscriber on the running asyncio loop; the next turn of the engine loop
-        sends it the current state."""
+        """A new subscriber on the running asyncio loop."""
         subscriber = Subscriber(asyncio.get_running_loop())
         self.attach(subscriber)
         return subscriber
 
     def attach(self, subscriber: Any) -> None:
-        """Send `subscriber` (anything with `deliver(text)`, safe from the engine thread)
-        every snapshot from the next turn of the engine loop on."""
+        """Send `subscriber` (anything with `deliver(text)`) every snapshot from now on."""
         self._subscribers = (*self._subscribers, subscriber)
-        self._owed = True
-        if self.wake is not None:
-            self.wake()
+        self.subscribed()
+
+    def subscribed(self) -> None:
+        """Called once a subscriber is attached; nothing here."""
 
     def unsubscribe(self, subscriber: Any) -> None:
         self._subscribers = tuple(s for s in self._subscribers if s is not subscriber)
@@ -119,7 +109,37 @@ class EngineEvents:
     def close(self) -> None:
         """End every subscriber's stream (the server is shutting down): an open page must
         not hold the shutdown up. Safe from any thread."""
-        self._send(None)
+        self.send(None)
+
+    def send(self, text: str | None) -> None:
+        """`text` (None: the end of the feed) to every subscriber, from any thread."""
+        for subscriber in self._subscribers:
+            # RuntimeError: that loop is closed, so nobody is listening there any more.
+            with contextlib.suppress(RuntimeError):
+                subscriber.deliver(text)
+
+
+class EngineEvents(FeedSubscribers):
+    """The feed's subscribers and what the engine thread gathers for them between snapshots.
+
+    `wake` is called (from any thread) when a subscriber arrives, so that an idle engine
+    loop turns once and sends it the current state."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics
+        self.wake: Callable[[], None] | None = None  # set by the engine loop
+        self._started = time.monotonic()
+        self._reset()
+        self._last_sent = float("-inf")
+        self._owed = False  # something happened since the last snapshot
+        self._window: deque[tuple[float, float, float, float, float]] = deque()
+
+    def subscribed(self) -> None:
+        """The next turn of the engine loop sends the new subscriber the current state."""
+        self._owed = True
+        if self.wake is not None:
+            self.wake()
 
     # -- the engine thread --------------------------------------------------------------------
 
@@ -166,13 +186,7 @@ class EngineEvents:
         now = time.monotonic()
         if now - self._last_sent < INTERVAL:
             return
-        self._send(json.dumps(self.snapshot(engine, now), separators=(",", ":")))
-
-    def _send(self, text: str | None) -> None:
-        for subscriber in self._subscribers:
-            # RuntimeError: that loop is closed, so nobody is listening there any more.
-            with contextlib.suppress(RuntimeError):
-                subscriber.deliver(text)
+        self.send(json.dumps(self.snapshot(engine, now), separators=(",", ":")))
 
     def snapshot(self, engine: Engine, now: float) -> dict[str, Any]:
         """The engine's state now and what happened since the previous snapshot."""

@@ -89,6 +89,14 @@ def _put_all(posted: list[tuple[asyncio.Queue, TokenEvent | PromptEvent | Except
         events.put_nowait(event)
 
 
+def hand_over(posted: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]]) -> None:
+    """Hand each asyncio loop the (queue, event) pairs posted for it, in one call per loop."""
+    for loop, events in posted.items():
+        # RuntimeError: that event loop is closed, so nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_put_all, events)
+
+
 class LocalReply:
     """How an add made on an asyncio loop of this process is answered: its ids and the queue
     of its events, through a future; its events go to that queue on that loop."""
@@ -414,10 +422,7 @@ class EngineLoop:
     def _send_posted(self) -> None:
         """Hand each loop the events posted for it, in one call."""
         posted, self._posted = self._posted, {}
-        for loop, events in posted.items():
-            # RuntimeError: that event loop is closed, so nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, events)
+        hand_over(posted)
 
     def _deliver_tokens(
         self,

@@ -30,12 +30,12 @@ import signal
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from llmengine.engine import Engine
 from llmengine.params import SamplingParams
-from llmengine.server.engine_events import Subscriber
+from llmengine.server.engine_events import FeedSubscribers
 from llmengine.server.engine_loop import (
     EngineFacts,
     EngineLoop,
@@ -43,11 +43,10 @@ from llmengine.server.engine_loop import (
     _Abort,
     _Add,
     _FailAll,
-    _put_all,
     answer_of_add,
+    hand_over,
 )
 from llmengine.server.metrics import ServerMetrics
-from llmengine.structured.grammar import GrammarCompiler
 
 logger = logging.getLogger("llmengine.server")
 
@@ -59,12 +58,13 @@ class EngineProcess:
 
     The constructor starts the child and returns once the engine is built (its facts known);
     the child's ValueError or OSError if building failed on them (a bad option, a missing
-    checkpoint), else RuntimeError if the child exits first. `tokenizer` is the server's: it
-    compiles the constraints the HTTP side checks. `max_waiting` is read when the loop starts
-    (`create_app` sets it). Call `close()` (or `stop()`) so the child ends.
+    checkpoint), else RuntimeError if the child exits first. The facts carry a grammar
+    compiler like the child's, built again on this side, which checks the constraints the
+    HTTP side receives. `max_waiting` is read when the loop starts (`create_app` sets it).
+    Call `close()` (or `stop()`) so the child ends.
     """
 
-    def __init__(self, build: Callable[[], Engine], tokenizer: Any, max_waiting: int = 0) -> None:
+    def __init__(self, build: Callable[[], Engine], max_waiting: int = 0) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
         # Not a daemon: a tensor-parallel engine starts worker processes of its own.
@@ -74,7 +74,7 @@ class EngineProcess:
         self._process.start()
         child_end.close()
         try:
-            self.facts = _with_compiler(self._wait_until_built(), tokenizer)
+            self.facts = self._wait_until_built()
         except BaseException:  # Ctrl-C during a long build, say: the child must not linger
             self._process.kill()
             self._process.join()
@@ -92,7 +92,7 @@ class EngineProcess:
         self._stopping = False
         self._ended: str | None = None  # why the engine can take no more calls
 
-    def _wait_until_built(self) -> tuple[EngineFacts, tuple[int, ...]]:
+    def _wait_until_built(self) -> EngineFacts:
         while not self._conn.poll(0.5):
             if not self._process.is_alive():
                 raise RuntimeError(
@@ -102,7 +102,7 @@ class EngineProcess:
         kind, *message = self._conn.recv()
         if kind != "built":
             raise message[0]  # the child's own error: a bad option stays a ValueError
-        return message[0], message[1]
+        return message[0]
 
     # -- what the HTTP side calls, as on an EngineLoop -------------------------------------------
 
@@ -201,7 +201,7 @@ class EngineProcess:
                     else:
                         future.set_result(result)
                 elif kind == "feed":
-                    self.events.deliver(message[0])
+                    self.events.send(message[0])
                 elif kind == "failed":
                     self._fail(f"the engine loop failed: {message[0]}")
         except (EOFError, OSError):
@@ -226,9 +226,7 @@ class EngineProcess:
             queue = self._queues.get(call)
             if queue is not None:  # else its response is gone: nobody reads it
                 by_loop.setdefault(queue.home, []).append((queue, event))
-        for loop, posted in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody listens
-                loop.call_soon_threadsafe(_put_all, posted)
+        hand_over(by_loop)
 
     def _end_everything(self, reason: str) -> None:
         """Fail every call still unanswered and end every open response with EngineStopped."""
@@ -248,47 +246,21 @@ class _EventQueue(asyncio.Queue):
         self.home = home
 
 
-class FeedRelay:
+class FeedRelay(FeedSubscribers):
     """The live feed's subscribers on the server's side; the child is told whether anyone
     listens, and sends its snapshots only then."""
 
-    def __init__(self, send: Callable[[tuple], None]) -> None:
-        self._send = send
-        self._subscribers: tuple[Subscriber, ...] = ()
+    def __init__(self, command: Callable[[tuple], None]) -> None:
+        super().__init__()
+        self._command = command
 
-    @property
-    def listening(self) -> bool:
-        return bool(self._subscribers)
+    def subscribed(self) -> None:
+        self._command(("listen", True))  # the child then sends the current state
 
-    def subscribe(self) -> Subscriber:
-        subscriber = Subscriber(asyncio.get_running_loop())
-        self._subscribers = (*self._subscribers, subscriber)
-        self._send(("listen", True))  # the child then sends the current state
-        return subscriber
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        self._subscribers = tuple(s for s in self._subscribers if s is not subscriber)
-        if not self._subscribers:
-            self._send(("listen", False))
-
-    def close(self) -> None:
-        """End every subscriber's stream (the server is shutting down)."""
-        self.deliver(None)
-
-    def deliver(self, text: str | None) -> None:
-        for subscriber in self._subscribers:
-            with contextlib.suppress(RuntimeError):
-                subscriber.deliver(text)
-
-
-def _with_compiler(built: tuple[EngineFacts, tuple[int, ...]], tokenizer: Any) -> EngineFacts:
-    """The child's facts, with a grammar compiler of the server's own where the child has
-    one (a compiler does not cross a pipe: it is rebuilt from what it was built of)."""
-    facts, eos_token_ids = built
-    if not eos_token_ids or tokenizer is None:
-        return facts
-    return replace(facts, grammar_compiler=GrammarCompiler(tokenizer, facts.vocab_size,
-                                                           eos_token_ids))  # fmt: skip
+    def unsubscribe(self, subscriber: Any) -> None:
+        super().unsubscribe(subscriber)
+        if not self.listening:
+            self._command(("listen", False))
 
 
 # -- the child --------------------------------------------------------------------------------
@@ -371,14 +343,16 @@ class ChildEngineLoop(EngineLoop):
     def take(self, message: tuple) -> bool:
         """Queue the command one message from the server carries; False for "stop"."""
         kind, *fields = message
-        commands = {"abort": _Abort, "fail_all": _FailAll, "listen": _Listen,
-                    "metrics": _RenderMetrics}  # fmt: skip
         if kind == "add":
             call, prompts, params = fields
             self._commands.put(_Add(prompts, params, _Reply(call, self.send)))
-        elif kind in commands:
-            self._commands.put(commands[kind](*fields))
+        elif kind in _COMMANDS:
+            self._commands.put(_COMMANDS[kind](*fields))
         return kind != "stop"
+
+
+# The server's other messages, by kind, as the loop's commands.
+_COMMANDS = {"abort": _Abort, "fail_all": _FailAll, "listen": _Listen, "metrics": _RenderMetrics}
 
 
 def _engine_main(conn: Any, build: Callable[[], Engine]) -> None:
@@ -397,16 +371,13 @@ def _engine_main(conn: Any, build: Callable[[], Engine]) -> None:
         conn.send(("build failed", RuntimeError(f"building the engine failed: {error!r}")))
         raise
     try:
-        grammars = engine.runner.sampler.grammars
-        eos = grammars.eos_token_ids if engine.tokenizer is not None else ()
-        conn.send(("built", replace(EngineFacts.of(engine), grammar_compiler=None), eos))
+        conn.send(("built", EngineFacts.of(engine)))  # its grammar compiler is built again
         kind, *fields = conn.recv()
         if kind != "start":
             return
-        send_lock = threading.Lock()
 
-        def send(message: tuple) -> None:
-            with send_lock, contextlib.suppress(OSError, ValueError):
+        def send(message: tuple) -> None:  # only ever from the loop's thread
+            with contextlib.suppress(OSError, ValueError):  # the server has gone
                 conn.send(message)
 
         loop = ChildEngineLoop(engine, fields[0], send)
@@ -418,7 +389,5 @@ def _engine_main(conn: Any, build: Callable[[], Engine]) -> None:
     except (EOFError, OSError):
         pass  # the server went away before the start
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        engine.close()
         conn.close()

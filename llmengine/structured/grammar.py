@@ -64,6 +64,7 @@ class GrammarCompiler:
                 "end: constrained decoding needs one"
             )
         self._llguidance = llguidance
+        self._built_from = (tokenizer, vocab_size, tuple(eos_token_ids))
         self.vocab_size = vocab_size
         self.tokenizer = llguidance.LLTokenizer(
             tokenizer_json(tokenizer), n_vocab=vocab_size, eos_token=list(eos_token_ids)
@@ -71,6 +72,11 @@ class GrammarCompiler:
         self._limits = parser_limits(llguidance)
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type, tuple[Any, int, tuple[int, ...]]]:
+        """Pickled as what it is built from, and built again where it is unpickled (its
+        llguidance objects do not pickle): an engine in another process sends its own."""
+        return GrammarCompiler, self._built_from
 
     def compile(self, constraint: Constraint) -> Any:
         """The constraint's matcher in its start state (cached); ValueError naming the problem

@@ -48,11 +48,6 @@ class RequestGrammars:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """The ids a finished grammar allows, as the compiler is built with them."""
-        return self._eos_token_ids
-
     @tokenizer.setter
     def tokenizer(self, tokenizer: Any) -> None:
         """A new tokenizer, before any request holds a matcher of the old one."""
