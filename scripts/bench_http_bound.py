@@ -1,18 +1,19 @@
 """What bounds llmengine over HTTP: the same burst in-process, and served at 1 and 2 threads.
 
-`make peers` serves the embedded model's mixed burst (48 requests at once, 16 slots) with the
-decode graph and compares it with `llama-server`. This script runs that burst in interleaved
-rounds on one machine: through an `Engine` in the script's own process (no HTTP), through
-`llmengine serve --decode-graph` with torch on 1 and on 2 threads, the engine on a thread of
-the server's process and in a process of its own (`--engine-process`), and through
-`llama-server` (on 2 threads as `make peers` runs it, and on 1) where `make peers` built it.
-Every server is started first; each burst then runs with the others idle, through the same
-streaming client (`llmengine bench --url`'s, in this process). If the served rate does not
-follow the forward's threads while the in-process rate is far above it, the server is bound
-by its Python work (the engine's host work, the HTTP side, the client), not by the forward's
-arithmetic. Each served burst also counts the CPU seconds the server and the client used
-(`llmengine.bench.cpu_time`): a server bound by its cores leaves none of them idle, one whose
-threads wait for each other does. Writes `reports/wallclock/http-bound.md`.
+`make peers` serves the embedded model's mixed burst (48 requests at once, 16 slots) with
+the decode graph and compares it with `llama-server`. This script runs that burst in
+interleaved rounds on one machine: through an `Engine` in the script's own process (no
+HTTP), through `llmengine serve --decode-graph` with its forward on 1 and on 2 threads
+(`--engine-threads`), the engine on a thread of the server's process (`--no-engine-process`)
+and in a process of its own (`serve`'s default), and through `llama-server` (on 2 threads as
+`make peers` runs it, and on 1) where `make peers` built it. Every server is started first;
+each burst then runs with the others idle, through the same streaming client (`llmengine
+bench --url`'s, in this process). If the served rate does not follow the forward's threads
+while the in-process rate is far above it, the server is bound by its Python work (the
+engine's host work, the HTTP side, the client), not by the forward's arithmetic. Each served
+burst also counts the CPU seconds the server and the client used
+(`llmengine.bench.cpu_time`): a server bound by its cores leaves none of them idle, one
+whose threads wait for each other does. Writes `reports/wallclock/http-bound.md`.
 
 Usage: .venv/bin/python scripts/bench_http_bound.py [--rounds R] [--skip-llamacpp]
 """
@@ -39,6 +40,7 @@ from llmengine.bench.peers import llamacpp, plan, rounds, servers
 from llmengine.bench.peers.results import current_load
 from llmengine.bench.serving_report import run_summary
 from llmengine.bench.workloads import RequestSpec
+from llmengine.cli.serve import forward_threads
 from llmengine.lessons.artifacts import machine_line, markdown_table, write_report
 
 REPORT = "http-bound"
@@ -53,11 +55,14 @@ CORES = len(os.sched_getaffinity(0))  # the servers and the client share these
 
 
 def serve_command(threads: int, own_process: bool = False) -> tuple[list[str], dict[str, str]]:
-    """`llmengine serve` with the decode graph as `make peers` runs it (the engine in a process
-    of its own if `own_process`), and its environment."""
+    """`llmengine serve` with the decode graph as `make peers` runs it, its forward on
+    `threads` torch threads, its engine in a process of its own if `own_process` (else on a
+    thread of the server's process), and its environment."""
     checkpoint = llmengine.embedded_model_path()
-    command = rounds.llmengine_serve_command(sys.executable, checkpoint, decode_graph=True)
-    return command + ["--engine-process"] * own_process, plan.thread_env(threads)
+    command = rounds.llmengine_serve_command(
+        sys.executable, checkpoint, decode_graph=True, engine_process=own_process
+    )
+    return command + ["--engine-threads", str(threads)], plan.thread_env(threads)
 
 
 def way_of(where: str, threads: int) -> str:
@@ -209,6 +214,12 @@ def report(
                 f" At the same 1 thread, the engine in its own process streams "
                 f"{own[1] / median(alone, 'tok/s'):.2f}x the rate of {alone}."
             )
+    default = way_of(IN_A_PROCESS, forward_threads(None, CORES))
+    if default in rows:
+        findings += (
+            f" On this machine's {CORES} cores, `llmengine serve` as it defaults is the "
+            f"row {default}."
+        )
     command = " ".join(["scripts/bench_http_bound.py", *map(shlex.quote, argv)])
     cpu = cpu_section(rows, median)
     return (
@@ -216,8 +227,9 @@ def report(
         f"The embedded model's mixed burst ({plan.HTTP_REQUESTS} requests at once, prompts "
         f"of 8-64 token ids, budgets of 8-128, greedy) on {SLOTS} slots with the decode "
         "graph: through an `Engine` in this process, and through `llmengine serve "
-        "--decode-graph` at 1 and 2 torch threads, its engine on a thread of the server's "
-        "process (served) or in a process of its own (`--engine-process`), and through "
+        "--decode-graph` with its forward on 1 and 2 torch threads (`--engine-threads`), its "
+        "engine on a thread of the server's process (served, `--no-engine-process`) or in a "
+        "process of its own (engine process, `serve`'s default), and through "
         "`llama-server` on the same weights in f32, as `make peers` runs it and on 1 thread, "
         "where its build is at hand. Every server is started "
         "first; each burst then runs with the others idle, through the same streaming "

@@ -162,11 +162,13 @@ def report(
     )
 
 
-def http_section(http: list[results.Row], engine_process: bool = False) -> str:
+def http_section(http: list[results.Row], engine_process: bool = True) -> str:
     where = (
-        "llmengine's server runs its engine in a process of its own (`--engine-process`). "
+        "llmengine's server runs as `llmengine serve` defaults: its engine in a process of "
+        "its own, its forward on the threads but one (the HTTP side keeps a core)."
         if engine_process
-        else ""
+        else "llmengine's server runs its engine on a thread of its own process "
+        "(`--no-engine-process`), its forward on the threads but one."
     )
     return (
         "\n## Over HTTP, the embedded model\n\n"
@@ -220,14 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "writes peers-decode-graph.md instead of peers.md",
     )
     parser.add_argument(
-        "--engine-process",
-        action="store_true",
-        help="llmengine's server with its engine in a process of its own (`llmengine serve "
-        "--engine-process`); the report's name says so",
+        "--no-engine-process",
+        dest="engine_process",
+        action="store_false",
+        help="llmengine's server with its engine on a thread of the server's process "
+        "(`llmengine serve --no-engine-process`), not in a process of its own; the report's "
+        "name says so",
     )
     args = parser.parse_args(argv)
-    if args.engine_process and args.no_http:
-        parser.error("--engine-process changes only the HTTP rows: leave out --no-http")
+    if not args.engine_process and args.no_http:
+        parser.error("--no-engine-process changes only the HTTP rows: leave out --no-http")
     names = [name for name in args.models.split(",") if name]
     if unknown := set(names) - set(plan.MODELS):
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {plan.MODELS}")
@@ -264,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A run of some models only says which in its name, and leaves the full report alone.
     name += "" if set(names) == set(plan.MODELS) else "-" + "-".join(names)
     name += "-offline" if args.no_http else ""
-    name += "-engine-process" if args.engine_process else ""
+    name += "" if args.engine_process else "-engine-thread"
     print(f"wrote {write_report(name, text, wallclock=True)}")
     cpu = results.parse_lscpu(subprocess.run(["lscpu"], capture_output=True, text=True).stdout)[0]
     title = f"{cpu}, {args.threads} threads, float32 (median of {settings.rounds} round(s))"

@@ -84,3 +84,5 @@ def test_the_report_sets_the_engine_process_against_the_thread_and_llama_server(
     assert "at 1.20x the rate served with it on a thread at 1 thread, and 1.20x at 2." in text
     assert "with the engine in its own process at 1 thread 1.12x" in text
     assert "(TTFT p99 1,100 ms against 1,800), at 2 threads 0.90x." in text
+    default = f"engine process, {max(bound.CORES - 1, 1)} thread(s)"
+    assert (f"`llmengine serve` as it defaults is the row {default}." in text) == (default in rows)

@@ -64,7 +64,8 @@ def test_serve_takes_compile_to_the_engine(monkeypatch, capsys):
         raise ValueError(f"the engine got compile={compile}")
 
     # The flag reaches the engine before any server runs: one that refuses ends the command.
+    # Built in this process (--no-engine-process), where the refusing engine is patched in.
     monkeypatch.setattr(llmengine, "Engine", refuse)
     for argv, value in ((["--compile"], True), ([], False)):
-        assert main(["serve", *argv]) == 2
+        assert main(["serve", "--no-engine-process", *argv]) == 2
         assert f"compile={value}" in capsys.readouterr().err

@@ -184,10 +184,10 @@ def test_the_report_is_read_back_into_its_rows_and_its_machine(tmp_path: Path) -
     assert fig.axes[0].get_title() == machine
 
 
-def test_llmengine_serves_the_http_rows_on_a_thread_or_in_a_process_of_its_own() -> None:
+def test_llmengine_serves_the_http_rows_as_serve_defaults_or_on_a_thread() -> None:
     from llmengine.bench.peers.rounds import llmengine_serve_command
 
-    plain = llmengine_serve_command("python", Path("ckpt"), decode_graph=True)
-    apart = llmengine_serve_command("python", Path("ckpt"), True, engine_process=True)
-    assert "--decode-graph" in plain and "--engine-process" not in plain
-    assert apart == [*plain, "--engine-process"]
+    default = llmengine_serve_command("python", Path("ckpt"), decode_graph=True)
+    on_a_thread = llmengine_serve_command("python", Path("ckpt"), True, engine_process=False)
+    assert "--decode-graph" in default and "--no-engine-process" not in default
+    assert on_a_thread == [*default, "--no-engine-process"]

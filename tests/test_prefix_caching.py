@@ -626,9 +626,10 @@ def test_serve_takes_enable_prefix_caching_to_the_engine(
         raise ValueError(f"the engine got enable_prefix_caching={enable_prefix_caching}")
 
     # The flag reaches the engine before any server runs: one that refuses ends the command.
+    # Built in this process (--no-engine-process), where the refusing engine is patched in.
     monkeypatch.setattr(llmengine, "Engine", refuse)
     for argv, value in ((["--enable-prefix-caching"], True), ([], False)):
-        assert main(["serve", *argv]) == 2
+        assert main(["serve", "--no-engine-process", *argv]) == 2
         assert f"enable_prefix_caching={value}" in capsys.readouterr().err
 
 

@@ -1,7 +1,8 @@
-"""`llmengine serve --engine-process`: the engine in a child process, the HTTP side in the
-server's, one pipe between them. The same answers as the engine on a thread, adds refused
+"""`llmengine serve`, whose engine runs in a child process by default, the HTTP side in the
+server's, one pipe between them: the same answers as the engine on a thread, adds refused
 across the pipe, the metrics and the live feed read from the child, a clean stop, and a child
-that dies ending what was in flight and the server with it."""
+that dies ending what was in flight and the server with it. And the forward's threads, which
+leave the HTTP side one."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from server_helpers import served, sse_payloads
 
 import llmengine
 from llmengine.bench.http_client import free_port, wait_for_health
+from llmengine.cli.serve import forward_threads
 from llmengine.lessons.live_server import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +32,16 @@ SLOTS, WAITING = 2, 1
 PROMPTS = ["ROMEO:", "JULIET:\nO", "First Citizen:"]  # at once: two seated, one waiting
 
 
-def serve(*flags: str, **popen: object) -> subprocess.Popen:
+def serve(*flags: str, threads: int | None = None, **popen: object) -> subprocess.Popen:
+    """`llmengine serve` as it defaults, with `flags`, on `threads` OpenMP threads (None: the
+    test run's), once healthy; its stdout and stderr are one pipe."""
     port = free_port()
-    command = [sys.executable, "-m", "llmengine", "serve", "--engine-process", "--port",
-               str(port), "--num-blocks", "64", "--max-num-seqs", str(SLOTS), "--max-waiting",
+    command = [sys.executable, "-m", "llmengine", "serve", "--port", str(port),
+               "--num-blocks", "64", "--max-num-seqs", str(SLOTS), "--max-waiting",
                str(WAITING), "--served-model-name", NAME, *flags]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     server = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
@@ -48,23 +54,36 @@ def serve(*flags: str, **popen: object) -> subprocess.Popen:
     return server
 
 
-def engine_pid(server: subprocess.Popen) -> int:
-    """The engine's process: the child the server spawned (beside multiprocessing's resource
-    tracker)."""
-    children = [
+def spawned_children(server: subprocess.Popen) -> list[int]:
+    """The processes the server spawned with multiprocessing (beside its resource tracker)."""
+    return [
         int(pid)
         for task in Path(f"/proc/{server.pid}/task").glob("*/children")
         for pid in task.read_text().split()
         if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
+
+
+def engine_pid(server: subprocess.Popen) -> int:
+    """The engine's process: the one child the server spawned."""
+    children = spawned_children(server)
     assert len(children) == 1, children
     return children[0]
 
 
+def forward_threads_said(server: subprocess.Popen) -> int:
+    """The forward's thread count, as the server says it on start-up (before it is healthy)."""
+    for _ in range(200):
+        line = server.stdout.readline()  # type: ignore[union-attr]
+        if line.startswith("llmengine: the engine's forward runs on "):
+            return int(line.split(" runs on ")[1].split()[0])
+    raise AssertionError("the server never said its forward's thread count")
+
+
 @contextmanager
-def serving(*flags: str, **popen: object) -> Iterator[subprocess.Popen]:
+def serving(*flags: str, threads: int | None = None, **popen: object) -> Iterator[subprocess.Popen]:
     """`serve`, killed on the way out if it is still running."""
-    server = serve(*flags, **popen)
+    server = serve(*flags, threads=threads, **popen)
     try:
         yield server
     finally:
@@ -182,6 +201,33 @@ def test_an_engine_process_that_dies_ends_the_requests_in_flight_and_the_server(
         errors = [json.loads(line[6:]) for line in rest if line.startswith('data: {"error"')]
         assert errors, rest[-3:]
         assert server.wait(30) == 1
+
+
+def test_the_engine_runs_in_a_process_of_its_own_unless_told_otherwise() -> None:
+    with serving() as server:
+        assert engine_pid(server) > 0
+    with serving("--no-engine-process") as server:
+        assert spawned_children(server) == []
+        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 3}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("flags", "threads", "forward"),
+    [((), 2, 1), (("--engine-threads", "2"), 1, 2), (("--no-engine-process",), 2, 1)],
+)
+def test_the_forward_leaves_the_http_side_a_thread_unless_told_its_count(
+    flags: tuple[str, ...], threads: int, forward: int
+) -> None:
+    # torch takes at most the cores' count from OMP_NUM_THREADS: 2 threads on 2 or more cores
+    # leave the forward 1, where all of them would be 2.
+    with serving(*flags, threads=threads) as server:
+        assert forward_threads_said(server) == forward
+
+
+def test_the_forward_threads_are_the_ones_asked_for_else_all_but_one_and_at_least_one() -> None:
+    assert [forward_threads(None, available) for available in (1, 2, 3, 16)] == [1, 1, 2, 15]
+    assert forward_threads(4, 2) == 4  # asked for: taken as it is, more than the cores or not
 
 
 def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
@@ -67,13 +68,27 @@ def run_serve(args: argparse.Namespace) -> int:
 def engine_for(args: argparse.Namespace, tokenizer: Any = None) -> Engine:
     """The engine `serve`'s options describe (in the engine's process, with
     --engine-process: there the tokenizer is loaded again)."""
+    import torch
+
     import llmengine
 
+    threads = forward_threads(args.engine_threads, torch.get_num_threads())
+    torch.set_num_threads(threads)  # before the build: the decode graphs compile for it
+    print(f"llmengine: the engine's forward runs on {threads} torch thread(s)", file=sys.stderr)
     model = load_model(args, args.model) if args.tensor_parallel_size == 1 else None
     if tokenizer is None:
         tokenizer = llmengine.load_tokenizer(args.model)
     options = engine_options(args, ENGINE_OPTIONS)
     return build_engine(args, model, tokenizer=tokenizer, **options)
+
+
+def forward_threads(requested: int | None, available: int) -> int:
+    """The torch threads of the engine's forward: `requested`, else all of the process's
+    `available` threads but one, so that the HTTP side (and the client, on the same machine)
+    has a core the forward's threads never wait for. On 2-core machines a forward on both
+    cores served a burst slower than one on a single thread, in a process of its own or
+    not (reports/wallclock/http-bound.md)."""
+    return requested if requested is not None else max(available - 1, 1)
 
 
 def _serve(
@@ -162,10 +177,15 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
         "such outputs are returned as text (default: none)",
     )  # fmt: skip
     parser.add_argument(
-        "--engine-process", action="store_true",
+        "--engine-process", action=argparse.BooleanOptionalAction, default=True,
         help="run the engine in a process of its own, beside the HTTP server's, so that the "
-        "two never wait for each other's interpreter lock: faster under many streams at "
-        "once on a few cores (reports/wallclock/http-bound.md); default: on a thread",
+        "two never wait for each other's interpreter lock (reports/wallclock/http-bound.md); "
+        "--no-engine-process runs it on a thread of the server's process (default: its own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-threads", type=positive_int, default=None, metavar="N",
+        help="torch threads of the engine's forward (default: the process's threads, "
+        "$OMP_NUM_THREADS or the cores, but one, and at least 1: the HTTP side keeps a core)",
     )  # fmt: skip
     parser.add_argument(
         "--no-dashboard", dest="dashboard", action="store_false",

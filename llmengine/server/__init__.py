@@ -5,7 +5,7 @@
 block lasts. The modules, one idea each: `protocol` (request bodies: the shared
 `sampling_fields`, the completions body, the chat body in `chat_request`), `errors`
 (OpenAI's error object), `engine_loop` (the engine's own thread and the hand-off to
-asyncio), `engine_process` (the same loop in a process of its own, `--engine-process`),
+asyncio), `engine_process` (the same loop in a process of its own: `serve`'s default),
 `text_stream` (incremental text and stop strings), `choices` (one request's
 choices as deltas), `streaming` (Server-Sent Events, disconnects), `serving` (the two
 endpoints), `chat` (chat templates), `metrics` (Prometheus), `app` (routes, auth, body

@@ -52,7 +52,7 @@ class Settings:
     mixed_requests: int
     cache: Path
     decode_graph: bool = False  # llmengine with `Engine(decode_graph=True)` / `--decode-graph`
-    engine_process: bool = False  # llmengine's server with `--engine-process`
+    engine_process: bool = True  # llmengine's server as it defaults; False: `--no-engine-process`
 
 
 @dataclass(slots=True)
@@ -279,7 +279,7 @@ def http_servers(
     threads: int,
     python: str,
     decode_graph: bool = False,
-    engine_process: bool = False,
+    engine_process: bool = True,
 ) -> dict[str, tuple[list[str] | None, dict[str, str], str]]:
     """Each engine's server: command (None when the peer is missing), environment, and why."""
     table: dict[str, tuple[list[str] | None, dict[str, str], str]] = {}
@@ -305,16 +305,17 @@ def http_servers(
 
 
 def llmengine_serve_command(
-    python: str, checkpoint: Path, decode_graph: bool, engine_process: bool = False
+    python: str, checkpoint: Path, decode_graph: bool, engine_process: bool = True
 ) -> list[str]:
     """`llmengine serve` as the HTTP rows run it: `HTTP_SLOTS` sequences on a pool of
-    `HTTP_BLOCKS` blocks, with the decode graph or not, its engine on a thread or in a
-    process of its own; `{port}` is filled in by `servers.running`."""
+    `HTTP_BLOCKS` blocks, with the decode graph or not, its engine in a process of its own
+    (the default) or on a thread of the server's; `{port}` is filled in by `servers.running`.
+    The forward's threads are `serve`'s default: the environment's threads but one."""
     command = [python, "-m", "llmengine", "serve", "--host", "127.0.0.1", "--port", "{port}"]
     command += ["--model", str(checkpoint), "--max-num-seqs", str(HTTP_SLOTS)]
     command += ["--num-blocks", str(HTTP_BLOCKS)]
     command += ["--decode-graph"] * decode_graph
-    return command + ["--engine-process"] * engine_process
+    return command + ["--no-engine-process"] * (not engine_process)
 
 
 def http_rounds(
