@@ -66,8 +66,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def engine_for(args: argparse.Namespace, tokenizer: Any = None) -> Engine:
-    """The engine `serve`'s options describe (in the engine's process, with
-    --engine-process: there the tokenizer is loaded again)."""
+    """The engine `serve`'s options describe, its forward on `--engine-threads` (built in the
+    engine's own process unless --no-engine-process: there the tokenizer is loaded again)."""
     import torch
 
     import llmengine
