@@ -24,7 +24,7 @@ from server_helpers import served, sse_payloads
 import llmengine
 from llmengine.bench.http_client import free_port, wait_for_health
 from llmengine.cli.serve import forward_threads
-from llmengine.lessons.live_server import read_metrics
+from llmengine.lessons.live_server import metric_samples, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny-test"  # server_helpers' model name, so that one body serves both servers
@@ -280,7 +280,7 @@ def test_an_add_whose_caller_leaves_before_the_answer_is_aborted_and_the_loop_go
             if event.finish_reason is not None:
                 break
         for _ in range(300):  # the abort crosses the pipe after the answer does
-            metrics = metric_values(await engine.render_metrics())
+            metrics = metric_samples((await engine.render_metrics()).decode())
             if metrics.get('llmengine_requests_finished_total{reason="abort"}'):
                 break
             await asyncio.sleep(0.05)
@@ -295,8 +295,3 @@ def test_an_add_whose_caller_leaves_before_the_answer_is_aborted_and_the_loop_go
     assert tokens == 3
     assert metrics['llmengine_requests_finished_total{reason="abort"}'] == 1
     assert metrics["llmengine_requests_running"] == 0
-
-
-def metric_values(text: bytes) -> dict[str, float]:
-    samples = (line.rsplit(" ", 1) for line in text.decode().splitlines() if line[:1] != "#")
-    return {name: float(value) for name, value in samples}

@@ -39,7 +39,12 @@ class LiveServer:
 
 def read_metrics(url: str, *, timeout: float = 10.0) -> dict[str, float]:
     """Every sample of `{url}/metrics` by name; labels are folded in as `name{k="v"}`."""
-    text = httpx.get(f"{url}/metrics", timeout=timeout).text
+    return metric_samples(httpx.get(f"{url}/metrics", timeout=timeout).text)
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition by name, labels folded in as
+    `name{k="v"}`."""
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
