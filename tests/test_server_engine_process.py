@@ -19,10 +19,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from server_helpers import served, sse_payloads
 
 import llmengine
 from llmengine.bench.http_client import free_port, wait_for_health
+from llmengine.cli import build_parser
+from llmengine.cli import serve as serve_command
 from llmengine.cli.serve import forward_threads
 from llmengine.lessons.live_server import metric_samples, read_metrics
 
@@ -228,6 +231,37 @@ def test_the_forward_leaves_the_http_side_a_thread_unless_told_its_count(
 def test_the_forward_threads_are_the_ones_asked_for_else_all_but_one_and_at_least_one() -> None:
     assert [forward_threads(None, available) for available in (1, 2, 3, 16)] == [1, 1, 2, 15]
     assert forward_threads(4, 2) == 4  # asked for: taken as it is, more than the cores or not
+
+
+@pytest.fixture
+def three_torch_threads() -> Iterator[None]:
+    """The test's process on 3 torch threads, given back after the test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_worker_nodes_ranks_take_every_thread_unless_told_their_count(
+    three_torch_threads: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A node of rank above 0 serves no HTTP: its ranks (which take the count the process
+    has when it starts them) keep all 3 threads, or take the count `--engine-threads` gives."""
+    counts = []
+
+    def ranks_started(args: object, **options: object) -> int:
+        counts.append(torch.get_num_threads())
+        return 0
+
+    monkeypatch.setattr(serve_command, "run_worker_node", ranks_started)
+    node_1 = ["serve", "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+              "--master-addr", "127.0.0.1", "--master-port", "1"]  # fmt: skip
+    for flags in ([], ["--engine-threads", "1"]):
+        assert serve_command.run_serve(build_parser().parse_args([*node_1, *flags])) == 0
+    assert counts == [3, 1]
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"llmengine: this node's ranks run their forward on {n} torch thread(s)"
+                    for n in (3, 1)]  # fmt: skip
 
 
 def test_a_bad_option_is_refused_in_one_line_as_on_a_thread() -> None:

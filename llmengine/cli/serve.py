@@ -53,7 +53,7 @@ def run_serve(args: argparse.Namespace) -> int:
     api_key = _api_key(args.api_key, os.environ.get("LLMENGINE_API_KEY"))  # before the load
     folder = model_folder(args.model)
     if is_worker_node(args):  # another machine's share of the ranks: no engine, no server here
-        return run_worker_node(args, **engine_options(args, ENGINE_OPTIONS))
+        return worker_node(args)
     tokenizer = llmengine.load_tokenizer(args.model)
     if args.engine_process:
         from llmengine.server.engine_process import EngineProcess
@@ -80,6 +80,22 @@ def engine_for(args: argparse.Namespace, tokenizer: Any = None) -> Engine:
         tokenizer = llmengine.load_tokenizer(args.model)
     options = engine_options(args, ENGINE_OPTIONS)
     return build_engine(args, model, tokenizer=tokenizer, **options)
+
+
+def worker_node(args: argparse.Namespace) -> int:
+    """This machine's ranks of node 0's engine, until node 0 stops them. No HTTP side shares
+    this machine, so their forward takes all of the process's threads unless
+    `--engine-threads` names a count; each rank takes the count this process has."""
+    import torch
+
+    if args.engine_threads is not None:
+        torch.set_num_threads(args.engine_threads)
+    threads = torch.get_num_threads()
+    print(
+        f"llmengine: this node's ranks run their forward on {threads} torch thread(s)",
+        file=sys.stderr,
+    )
+    return run_worker_node(args, **engine_options(args, ENGINE_OPTIONS))
 
 
 def forward_threads(requested: int | None, available: int) -> int:
@@ -185,7 +201,8 @@ def add_serve(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--engine-threads", type=positive_int, default=None, metavar="N",
         help="torch threads of the engine's forward (default: the process's threads, "
-        "$OMP_NUM_THREADS or the cores, but one, and at least 1: the HTTP side keeps a core)",
+        "$OMP_NUM_THREADS or the cores, but one, and at least 1: the HTTP side keeps a core; "
+        "on a node of rank above 0, which serves no HTTP, all of them)",
     )  # fmt: skip
     parser.add_argument(
         "--no-dashboard", dest="dashboard", action="store_false",
