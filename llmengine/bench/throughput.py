@@ -219,16 +219,22 @@ def run_generate_batch(
     seconds before any work; `run_generate_batch_default` measures that. Prefix sharing is
     off: llmengine has none.
     """
+    import inspect
+
     import transformers
 
     prompts, budgets = prompts_of(workload), budgets_of(workload)
+    # The page size's keyword: `block_size` in transformers 5.17 (the GPU image's), renamed
+    # `page_size` later, which keeps `block_size` as a deprecated alias that warns.
+    accepted = inspect.signature(transformers.ContinuousBatchingConfig).parameters
+    page_keyword = "page_size" if "page_size" in accepted else "block_size"
 
     def serve() -> list[list[int]]:
         generation = transformers.GenerationConfig(
             do_sample=False, max_new_tokens=max(budgets), eos_token_id=-1, pad_token_id=PAD_TOKEN_ID
         )
         batching = transformers.ContinuousBatchingConfig(
-            page_size=block_size,
+            **{page_keyword: block_size},
             num_blocks=pool_blocks(workload, block_size),
             max_batch_tokens=sum(len(prompt) for prompt in prompts),
             max_requests_per_batch=len(workload),
