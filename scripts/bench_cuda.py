@@ -114,6 +114,7 @@ class Bench:
                 return
             run = gpu_burst.engine_burst(engine, workload, warmup, kind)
             self.notes[kind, batch] = (
+                f"{attention_of(engine.runner.graphs)}"
                 f"captured in {engine.runner.graph_compile_seconds:.1f} s at start-up; "
                 f"{engine.runner.graph_steps} steps of warm-up and run on the graph"
             )
@@ -123,6 +124,17 @@ class Bench:
             same = sum(a == b for a, b in zip(run.outputs, eager[0].outputs, strict=True))
             notes = [self.notes[kind, batch]] if (kind, batch) in self.notes else []
             self.notes[kind, batch] = "; ".join([*notes, f"tokens of {same}/{batch} as eager's"])
+
+
+def attention_of(graphs: object) -> str:
+    """How the CUDA decode graphs attend ("paged attention; "), and why the paged kernel was
+    given up if it was; nothing for a CPU's compiled graphs, which have one way only."""
+    kinds = sorted(set(getattr(graphs, "attention", {}).values()))
+    if not kinds:
+        return ""
+    failure = getattr(graphs, "paged_failure", None)
+    given_up = f" (paged given up: {failure})" if failure else ""
+    return f"{'/'.join(kinds)} attention{given_up}; "
 
 
 def numbers(run: gpu_burst.BurstRun, bound: float | None) -> list[float]:

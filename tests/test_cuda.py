@@ -163,8 +163,10 @@ def test_decode_graphs_capture_and_give_the_eager_tokens(graph_model, caplog) ->
     assert isinstance(graphs, StaticDecodeGraphs)
     assert graphs.failures == {} and graphs.buckets == list(BUCKETS)
     assert all(graphs.capture_seconds[bucket] > 0 for bucket in BUCKETS)
+    # Triton comes with CUDA builds of torch: every bucket attends with the paged kernel.
+    assert graphs.attention == dict.fromkeys(BUCKETS, "paged"), graphs.paged_failure
     for bucket in BUCKETS:
-        assert f"bucket {bucket}: warm-up" in caplog.text
+        assert f"bucket {bucket}: paged attention, warm-up" in caplog.text
     prompts, params = graph_workload()
     ids = engine.add_requests(prompts, params)
     graph_rows = set()
@@ -199,7 +201,8 @@ def test_a_replayed_decode_step_syncs_only_for_its_read_back(graph_model) -> Non
 def test_bfloat16_decode_graph_replays_the_uncaptured_step() -> None:
     """In bfloat16 every bucket captures, and a replay gives the logits of the same step run
     eagerly over the same cache, for two different sets of rows in turn: each replay reads
-    the inputs uploaded for it, not those it was captured or last replayed with."""
+    the inputs uploaded for it, not those it was captured or last replayed with. The paged
+    kernel's logits are those of the step that gathers."""
     model = random_llama(GRAPH_SHAPE, seed=1, std=0.05).to("cuda", torch.bfloat16)
     config = EngineConfig(decode_graph=BUCKETS, **GRAPH_POOL)
     cache = paged_cache_for(model, config)
@@ -207,6 +210,9 @@ def test_bfloat16_decode_graph_replays_the_uncaptured_step() -> None:
         tensor.normal_()
     captured = StaticDecodeGraphs(model, cache, config.num_blocks, BUCKETS)
     uncaptured = StaticDecodeGraphs(model, cache, config.num_blocks, BUCKETS, capture=False)
+    gathering = StaticDecodeGraphs(
+        model, cache, config.num_blocks, BUCKETS, capture=False, attention="gathered"
+    )
     assert captured.failures == {} and captured.buckets == list(BUCKETS)
     first = [PagedRow([row], 5 * row + 3, [3 * row, 3 * row + 1, 3 * row + 2]) for row in range(6)]
     second = [
@@ -214,10 +220,21 @@ def test_bfloat16_decode_graph_replays_the_uncaptured_step() -> None:
     ]
     with torch.inference_mode():
         replayed = [captured(rows, 8).clone() for rows in (first, second)]
-        expected = [uncaptured(rows, 8) for rows in (first, second)]
+        expected = [uncaptured(rows, 8).clone() for rows in (first, second)]
+        gathered = [gathering(rows, 8) for rows in (first, second)]
     for actual, wanted in zip(replayed, expected, strict=True):
         torch.testing.assert_close(actual, wanted, atol=5e-2, rtol=2e-2)
+    for paged, wanted in zip(expected, gathered, strict=True):  # the two attentions agree
+        torch.testing.assert_close(paged, wanted, atol=5e-2, rtol=2e-2)
     assert not torch.allclose(replayed[0], replayed[1], atol=5e-2, rtol=2e-2)
+
+
+def test_the_paged_kernel_compiled_for_the_gpu_equals_gathered_attention() -> None:
+    """tests/paged_decode_interpreted.py's shapes and dtypes, compiled by Triton for this
+    GPU instead of interpreted."""
+    from paged_decode_interpreted import check_numbers
+
+    check_numbers("cuda")
 
 
 def test_gathered_attention_on_cuda_runs_no_cudnn_op() -> None:

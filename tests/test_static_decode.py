@@ -109,7 +109,7 @@ def test_a_bucket_whose_capture_fails_runs_eager(tiny, eager_tokens, monkeypatch
     assert graphs.failures == {4: "RuntimeError: no capture here"}
     assert set(graphs.capture_seconds) == {2} and set(graphs.warmup_seconds) == {2, 4}
     assert "bucket 4: left out, eager: RuntimeError: no capture here" in caplog.text
-    assert "bucket 2: warm-up" in caplog.text and "capture" in caplog.text
+    assert "bucket 2: gathered attention, warm-up" in caplog.text and "capture" in caplog.text
     prompts, params = workload(seed=0, count=5)
     ids = engine.add_requests(prompts, params)
     paths = []

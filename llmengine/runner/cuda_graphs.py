@@ -7,8 +7,12 @@ times (warm-up: kernels chosen, workspaces allocated) and is then captured with
 largest first, so that the smaller ones reuse its memory. A step then costs one copy of the
 staged inputs and one replay: no launch per kernel, no tensor made from Python data.
 
-A bucket whose capture raises is not used (`failures` says why; its decodes go to a larger
-bucket or run eager); the engine never fails for it. Without capture (`capture=False`, as on
+The step attends with the paged Triton kernel where Triton is installed and the device is
+CUDA, else by gathering each row's blocks (`llmengine.runner.static_decode`). A bucket whose
+paged step raises at warm-up or capture is built again gathering (`attention` says which each
+bucket got, `paged_failure` why the kernel was given up); a bucket whose capture raises
+even so is not used (`failures` says why; its decodes go to a larger bucket or run eager):
+the engine never fails for it. Without capture (`capture=False`, as on
 a CPU) the same buffers and step run eagerly, which is what the CPU tests check the tokens
 of. The cache's tensors are the ones the eager forward and swaps use: a replay writes the
 new K/V into them in place.
@@ -25,9 +29,10 @@ import torch
 from llmengine.kv.blocks import blocks_for_length
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
+from llmengine.runner import paged_decode
 from llmengine.runner.attention import PagedRow
 from llmengine.runner.graphs import BucketGraphs
-from llmengine.runner.static_decode import static_decode_step
+from llmengine.runner.static_decode import ATTENTION, GATHERED, PAGED, static_decode_step
 from llmengine.runner.step_buffers import StepBuffers
 
 logger = logging.getLogger("llmengine.runner")
@@ -60,7 +65,9 @@ class StaticDecodeGraphs(BucketGraphs):
     `graphs(rows, bucket, inputs)`, `drop(bucket)`, `dummy_rows(bucket)`. Each row reads
     `width` blocks, its `table_width` (default: as many as the model's longest sequence or
     the pool allows).
-    `warmup_seconds`, `capture_seconds` and `failures` are what start-up measured.
+    `attention` (None: `default_attention`) is the step's attention, one of `ATTENTION`.
+    `warmup_seconds`, `capture_seconds`, `failures`, `attention` (each bucket's) and
+    `paged_failure` are what start-up measured.
     """
 
     def __init__(
@@ -72,22 +79,24 @@ class StaticDecodeGraphs(BucketGraphs):
         *,
         width: int | None = None,
         capture: bool | None = None,
+        attention: str | None = None,
     ) -> None:
         self.model, self.cache, self.scratch_block = model, cache, scratch_block
         longest = blocks_for_length(model.config.max_position_embeddings, cache.block_size)
         self.table_width = min(scratch_block, longest) if width is None else width
         self.capture = cache.device.type == "cuda" if capture is None else capture
-        dtype = cache.keys[0].dtype  # the attention's, whatever the weights are stored in
+        wanted = default_attention(cache.device) if attention is None else attention
+        if wanted not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {wanted!r}")
         self.buffers = {
             bucket: StepBuffers(
                 bucket, self.table_width, cache.block_size, scratch_block, cache.device
             )
             for bucket in buckets
         }
-        self._steps: dict[int, Step] = {
-            bucket: lambda b=buffers: static_decode_step(model, cache, b, dtype)
-            for bucket, buffers in self.buffers.items()
-        }
+        self._steps: dict[int, Step] = {}
+        self.attention = dict.fromkeys(self.buffers, wanted)
+        self.paged_failure: str | None = None
         self.warmup_seconds: dict[int, float] = {}
         self.capture_seconds: dict[int, float] = {}
         self.failures: dict[int, str] = {}
@@ -105,10 +114,21 @@ class StaticDecodeGraphs(BucketGraphs):
             for bucket in self.buffers
         }
 
+    def _step(self, bucket: int) -> Step:
+        """`bucket`'s step, uncaptured, with its attention."""
+        model, cache, buffers = self.model, self.cache, self.buffers[bucket]
+        dtype = cache.keys[0].dtype  # the attention's, whatever the weights are stored in
+        attention = self.attention[bucket]
+        return lambda: static_decode_step(model, cache, buffers, dtype, attention)
+
     def _build(self, bucket: int) -> None:
-        """Warm `bucket`'s step up on its padding rows, then capture it (when capturing);
-        a fault of either leaves the bucket out, with why, and runs its decodes eager."""
-        step = self._steps[bucket]
+        """Warm `bucket`'s step up on its padding rows, then capture it (when capturing).
+        A paged step that raises is built again gathering, and so is every bucket after it;
+        a fault of the gathered step leaves the bucket out, with why, and runs its decodes
+        eager."""
+        if self.paged_failure is not None:
+            self.attention[bucket] = GATHERED
+        self._steps[bucket] = step = self._step(bucket)
         cuda = self.cache.device.type == "cuda"
         try:
             start = time.perf_counter()
@@ -123,8 +143,14 @@ class StaticDecodeGraphs(BucketGraphs):
                     torch.cuda.synchronize()
                 self.capture_seconds[bucket] = time.perf_counter() - start
         except Exception as error:  # a device or kernel the capture cannot take: eager instead
-            self.failures[bucket] = f"{type(error).__name__}: {error}"
-            logger.warning("decode graph of bucket %d left out: %s", bucket, self.failures[bucket])
+            reason = f"{type(error).__name__}: {error}"
+            if self.attention[bucket] == PAGED:
+                self.paged_failure = reason
+                logger.warning("paged decode attention given up, gathering instead: %s", reason)
+                self._build(bucket)
+                return
+            self.failures[bucket] = reason
+            logger.warning("decode graph of bucket %d left out: %s", bucket, reason)
 
     def _warm_up(self, step: Step, cuda: bool) -> None:
         """Run `step` a few times; on CUDA on a side stream, as capture wants it."""
@@ -164,3 +190,9 @@ class StaticDecodeGraphs(BucketGraphs):
         logits, picks = self._steps[bucket]()
         self.greedy_picks = picks[:, : len(rows)]
         return logits[: len(rows)]
+
+
+def default_attention(device: torch.device) -> str:
+    """The paged kernel on CUDA where Triton is installed; gathering everywhere else (on a
+    CPU the kernel runs only in Triton's interpreter, which the tests ask for by name)."""
+    return PAGED if device.type == "cuda" and paged_decode.available() else GATHERED

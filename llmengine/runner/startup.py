@@ -53,9 +53,10 @@ def best_ms(step: Callable[[], object], repeats: int = 5) -> float:
 def graph_report(graphs: DecodeGraphs | StaticDecodeGraphs) -> str:
     """One line per bucket of what start-up spent on it, and the buckets in use.
 
-    For captured graphs, the warm-up and capture seconds, or why the bucket was left out
-    (its decodes run eager); for compiled ones, the compile seconds and whether the compiled
-    function is called directly (`DecodeGraphs.direct_buckets`)."""
+    For captured graphs, the attention, the warm-up and capture seconds, or why the bucket
+    was left out (its decodes run eager), and why the paged kernel was given up if it was;
+    for compiled ones, the compile seconds and whether the compiled function is called
+    directly (`DecodeGraphs.direct_buckets`)."""
     lines = [f"decode graph buckets in use: {graphs.buckets or 'none (every step eager)'}"]
     if isinstance(graphs, StaticDecodeGraphs):
         for bucket in sorted(graphs.buffers):
@@ -65,7 +66,10 @@ def graph_report(graphs: DecodeGraphs | StaticDecodeGraphs) -> str:
             warmup = graphs.warmup_seconds[bucket]
             captured = graphs.capture_seconds.get(bucket)
             how = f"capture {captured:.3f} s" if captured is not None else "not captured"
-            lines.append(f"  bucket {bucket}: warm-up {warmup:.3f} s, {how}")
+            attention = f"{graphs.attention[bucket]} attention"
+            lines.append(f"  bucket {bucket}: {attention}, warm-up {warmup:.3f} s, {how}")
+        if graphs.paged_failure is not None:
+            lines.append(f"  paged attention given up: {graphs.paged_failure}")
     else:
         for bucket, seconds in sorted(graphs.compile_seconds.items()):
             how = "called directly" if bucket in graphs.direct_buckets else "called through dynamo"

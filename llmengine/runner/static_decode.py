@@ -1,10 +1,15 @@
 """A decode step whose every shape is fixed per batch bucket: what a CUDA graph captures.
 
-Each row reads a fixed number of blocks (`StepBuffers.width`, as many as the longest row
-may use) whatever its length: its keys are gathered through its block table into
-`[rows, width * block_size]` and the positions at or past its length are masked out with an
-additive float mask (-inf), so SDPA sees the same shapes every step. The step reads its
-inputs from the bucket's `StepBuffers` only, and writes the new K/V into the cache in place.
+The step reads its inputs from the bucket's `StepBuffers` only, writes the new K/V into the
+cache in place, and attends in one of two ways (`ATTENTION`):
+
+- `paged`: `llmengine.runner.paged_decode`'s Triton kernel reads each row's own blocks
+  where they lie in the cache, as many as its length needs (the CUDA default when Triton
+  is installed);
+- `gathered`: each row's keys are gathered through its block table into `[rows, width *
+  block_size]`, as wide as the table whatever the row's length, and the positions at or
+  past its length are masked out with an additive float mask (-inf), so SDPA sees the same
+  shapes every step. Plain torch: it runs wherever torch does.
 
 The same function runs eagerly (on a CPU, where the tests compare its tokens with the eager
 engine's) and under `torch.cuda.graph` capture (`llmengine.runner.cuda_graphs`): nothing
@@ -19,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from llmengine.kv.paged_cache import PagedKVCache
 from llmengine.model.llama import Llama
+from llmengine.runner import paged_decode
 from llmengine.runner.step_buffers import StepBuffers
 from llmengine.sampling import greedy_picks
 
@@ -26,9 +32,32 @@ from llmengine.sampling import greedy_picks
 # build (cuDNN's would be built at warm-up and replayed, but is not needed); math is its
 # fallback where a shape does not suit it.
 CUDA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+PAGED, GATHERED = "paged", "gathered"
+ATTENTION = (PAGED, GATHERED)
 
 
-class StaticAttention:
+class PagedStaticAttention:
+    """The `AttentionHook` of a static decode step that reads K/V in place: each layer
+    writes the new K/V at the rows' write slots of the flat pool, then the paged kernel
+    attends over each row's first `length` positions through its block table."""
+
+    def __init__(self, cache: PagedKVCache, buffers: StepBuffers) -> None:
+        self.keys = [k.flatten(0, 1) for k in cache.keys]
+        self.values = [v.flatten(0, 1) for v in cache.values]
+        self.buffers, self.block_size = buffers, cache.block_size
+
+    def attend(
+        self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        keys, values, buffers = self.keys[layer_index], self.values[layer_index], self.buffers
+        keys.index_copy_(0, buffers.write_slots, k[:, 0])
+        values.index_copy_(0, buffers.write_slots, v[:, 0])
+        return paged_decode.paged_decode_attention(
+            q.contiguous(), keys, values, buffers.block_tables, buffers.lengths, self.block_size
+        )
+
+
+class GatheredStaticAttention:
     """The `AttentionHook` of a static decode step: each layer writes the new K/V at the
     rows' write slots of the flat pool, gathers every row's `width` blocks and attends over
     them under the length mask. The gather indices and the mask are made once per step."""
@@ -78,20 +107,27 @@ def grouped_decode_attention(
 
 
 def static_decode_step(
-    model: Llama, cache: PagedKVCache, buffers: StepBuffers, dtype: torch.dtype
+    model: Llama,
+    cache: PagedKVCache,
+    buffers: StepBuffers,
+    dtype: torch.dtype,
+    attention: str = GATHERED,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits `[bucket, vocab]` of one decode step over the bucket's buffers, the new K/V of
     every row (padding rows' into the scratch block) written into `cache`, and their greedy
-    picks `[2, bucket]` (`greedy_picks`), computed in the same graph."""
-    attention = StaticAttention(cache, buffers, dtype)
+    picks `[2, bucket]` (`greedy_picks`), computed in the same graph; `attention` is one of
+    `ATTENTION` (the module's docstring)."""
+    if attention == PAGED:
+        return _forward(model, buffers, PagedStaticAttention(cache, buffers))
+    hook = GatheredStaticAttention(cache, buffers, dtype)
     if cache.device.type != "cuda":
-        return _forward(model, buffers, attention)
+        return _forward(model, buffers, hook)
     with sdpa_kernel(CUDA_BACKENDS):
-        return _forward(model, buffers, attention)
+        return _forward(model, buffers, hook)
 
 
 def _forward(
-    model: Llama, buffers: StepBuffers, attention: StaticAttention
+    model: Llama, buffers: StepBuffers, attention: GatheredStaticAttention | PagedStaticAttention
 ) -> tuple[torch.Tensor, torch.Tensor]:
     hidden = model.forward_hidden(buffers.token_ids[:, None], buffers.positions[:, None], attention)
     logits = model.compute_logits(hidden[:, 0])
