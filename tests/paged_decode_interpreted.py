@@ -1,7 +1,7 @@
 """The paged decode kernel's checks that need Triton's interpreter, run by
 tests/test_paged_decode.py in a process of its own: the interpreter is chosen by
 `TRITON_INTERPRET=1` when Triton is first imported, so it cannot be switched on inside a test
-process that imported Triton already.
+process that imported Triton already. (That test imports `PagedEngine` from here too.)
 
 1. Its numbers equal those of attention over the rows' gathered keys, for grouped and plain
    heads, head dims and groups that are not powers of two, lengths on and off a block's

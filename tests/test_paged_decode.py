@@ -7,7 +7,6 @@ kernel raises. `tests/test_cuda.py` runs it on a GPU.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import subprocess
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from paged_decode_interpreted import PagedEngine
 from test_decode_graph import POOL, TINY, run, workload
-from test_static_decode import StaticEngine, StaticRunner
 
 import llmengine.runner.cuda_graphs as cuda_graphs
 from llmengine.bench.decode_step import random_llama
@@ -112,16 +111,6 @@ def test_a_paged_kernel_that_raises_is_given_up_for_gathering(monkeypatch, caplo
     def broken(*args, **kwargs):
         calls.append(args)
         raise RuntimeError("no kernel here")
-
-    class PagedRunner(StaticRunner):
-        def decode_graphs_class(self):
-            return functools.partial(
-                cuda_graphs.StaticDecodeGraphs, capture=False, attention="paged"
-            )
-
-    class PagedEngine(StaticEngine):
-        def runner_for(self, model, tokenizer):
-            return PagedRunner(model, self.config, tokenizer=tokenizer)
 
     monkeypatch.setattr(paged_decode, "paged_decode_attention", broken)
     tiny = random_llama(TINY, seed=3, std=0.2)

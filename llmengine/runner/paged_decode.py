@@ -65,7 +65,8 @@ def _paged_decode_kernel(  # Triton reads the annotations: only the constants ca
     group = tl.arange(0, GROUP_PAD)
     heads = kv * GROUP + group
     dims = tl.arange(0, DIM_PAD)
-    head_dims = (group < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
+    real_dims = (dims < HEAD_DIM)[None, :]
+    head_dims = (group < GROUP)[:, None] & real_dims
     q_places = row * q_row + heads[:, None] * q_head + dims[None, :]
     q = tl.load(q_ptr + q_places, mask=head_dims, other=0.0).to(tl.float32)
     length = tl.load(lengths_ptr + row)
@@ -80,7 +81,7 @@ def _paged_decode_kernel(  # Triton reads the annotations: only the constants ca
         block = tl.load(tables_ptr + row * table_row + index * table_column)
         visible = index * BLOCK_SIZE + offsets < length
         places = (block * BLOCK_SIZE + offsets)[:, None] * kv_slot + kv * kv_head + dims[None, :]
-        token_dims = visible[:, None] & (dims < HEAD_DIM)[None, :]
+        token_dims = visible[:, None] & real_dims
         k = tl.load(k_ptr + places, mask=token_dims, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + places, mask=token_dims, other=0.0).to(tl.float32)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale

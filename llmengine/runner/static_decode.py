@@ -38,52 +38,49 @@ ATTENTION = (PAGED, GATHERED)
 
 class PagedStaticAttention:
     """The `AttentionHook` of a static decode step that reads K/V in place: each layer
-    writes the new K/V at the rows' write slots of the flat pool, then the paged kernel
-    attends over each row's first `length` positions through its block table."""
+    writes the new K/V at the rows' write slots of the pool, then the paged kernel attends
+    over each row's first `length` positions through its block table."""
 
     def __init__(self, cache: PagedKVCache, buffers: StepBuffers) -> None:
-        self.keys = [k.flatten(0, 1) for k in cache.keys]
-        self.values = [v.flatten(0, 1) for v in cache.values]
-        self.buffers, self.block_size = buffers, cache.block_size
+        self.cache, self.buffers = cache, buffers
 
     def attend(
         self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        keys, values, buffers = self.keys[layer_index], self.values[layer_index], self.buffers
-        keys.index_copy_(0, buffers.write_slots, k[:, 0])
-        values.index_copy_(0, buffers.write_slots, v[:, 0])
+        cache, buffers = self.cache, self.buffers
+        cache.write(layer_index, buffers.write_slots, k[:, 0], v[:, 0])
         return paged_decode.paged_decode_attention(
-            q.contiguous(), keys, values, buffers.block_tables, buffers.lengths, self.block_size
+            q.contiguous(),
+            cache.keys[layer_index].flatten(0, 1),
+            cache.values[layer_index].flatten(0, 1),
+            buffers.block_tables,
+            buffers.lengths,
+            cache.block_size,
         )
 
 
 class GatheredStaticAttention:
     """The `AttentionHook` of a static decode step: each layer writes the new K/V at the
-    rows' write slots of the flat pool, gathers every row's `width` blocks and attends over
+    rows' write slots of the pool, gathers every row's `width` blocks and attends over
     them under the length mask. The gather indices and the mask are made once per step."""
 
     def __init__(self, cache: PagedKVCache, buffers: StepBuffers, dtype: torch.dtype) -> None:
         block_size = cache.block_size
-        self.keys = [k.flatten(0, 1) for k in cache.keys]
-        self.values = [v.flatten(0, 1) for v in cache.values]
-        self.write_slots = buffers.write_slots
+        self.cache, self.write_slots = cache, buffers.write_slots
         offsets = torch.arange(block_size, device=cache.device)
-        self.slots = (buffers.block_tables[:, :, None] * block_size + offsets).flatten()
         num_keys = buffers.width * block_size
-        self.shape = (buffers.bucket, num_keys)
+        shape = (buffers.bucket, num_keys)
+        self.slots = (buffers.block_tables[:, :, None] * block_size + offsets).reshape(shape)
         visible = torch.arange(num_keys, device=cache.device) < buffers.lengths[:, None]
-        self.mask = torch.zeros(self.shape, dtype=dtype, device=cache.device)
+        self.mask = torch.zeros(shape, dtype=dtype, device=cache.device)
         self.mask.masked_fill_(~visible, float("-inf"))
         self.mask = self.mask[:, None, None, :]  # [rows, 1, 1, keys]: every head, every query
 
     def attend(
         self, layer_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        keys, values = self.keys[layer_index], self.values[layer_index]
-        keys.index_copy_(0, self.write_slots, k[:, 0])
-        values.index_copy_(0, self.write_slots, v[:, 0])
-        gathered_keys = keys.index_select(0, self.slots).view(*self.shape, *keys.shape[1:])
-        gathered_values = values.index_select(0, self.slots).view(*self.shape, *keys.shape[1:])
+        self.cache.write(layer_index, self.write_slots, k[:, 0], v[:, 0])
+        gathered_keys, gathered_values = self.cache.gather(layer_index, self.slots)
         return grouped_decode_attention(q, gathered_keys, gathered_values, self.mask)
 
 
