@@ -31,8 +31,11 @@ pytestmark = pytest.mark.skipif(
 
 MODEL = "tiny"
 KEY = "sk-dashboard-5e1f0c"
-BURST = 8
-# 16 blocks of 4 tokens for 8 slots and 8 host blocks: 8 requests of 5 + 24 tokens preempt.
+# Twice the slots, so that requests admitted later take blocks the first ones held: 8 requests
+# left a block seen with only 2 owners at best, and once, under a loaded make test, with 1 (the
+# page sees the pool ten times a second); 16 leave 4 to 6.
+BURST = 16
+# 16 blocks of 4 tokens for 8 slots and 8 host blocks: requests of 5 + 24 tokens preempt.
 POOL = ["--num-blocks", "16", "--block-size", "4", "--max-num-seqs", "8",
         "--preemption", "swap", "--swap-blocks", "8", "--served-model-name", MODEL]  # fmt: skip
 WAIT_MS = 20_000
